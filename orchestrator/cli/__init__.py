@@ -1,0 +1,1 @@
+"""The ``orchestrator`` command. Each sub-command lives in its own module with a ``register``."""

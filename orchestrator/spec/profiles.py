@@ -1,0 +1,114 @@
+"""Measured per-layer profiles: the planner's own format.
+
+One :class:`ProfileFile` holds one (model, device type): for each (microbatch size, tensor-parallel
+degree) the forward, backward and optimizer-update seconds of every planner layer, and optionally
+its memory. Files are JSON (``orchestrator-profile/v1``); see docs/formats.md. A
+:class:`ProfileSet` looks entries up; where it has none, the cost model falls back to an analytic
+estimate and says so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError
+
+from orchestrator.errors import SpecError
+
+PROFILE_FORMAT = "orchestrator-profile/v1"
+
+
+class LayerTiming(BaseModel):
+    """One planner layer at one (microbatch size, tp): seconds and, if measured, bytes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    forward_s: NonNegativeFloat
+    backward_s: NonNegativeFloat
+    update_s: NonNegativeFloat = 0.0
+    # Activation bytes kept for backward per microbatch, and parameter bytes, when measured.
+    activation_bytes: int | None = Field(default=None, ge=0)
+    param_bytes: int | None = Field(default=None, ge=0)
+
+
+class ProfileEntry(BaseModel):
+    """All planner layers at one (microbatch size, tp)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    microbatch_size: PositiveInt
+    tp: PositiveInt = 1
+    layers: list[LayerTiming] = Field(min_length=1)
+
+
+class ProfileFile(BaseModel):
+    """A profile of one model on one device type."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: str = PROFILE_FORMAT
+    model: str = Field(min_length=1)
+    device_type: str = Field(min_length=1)
+    sequence_length: PositiveInt | None = None
+    dtype: str | None = None
+    source: str = ""
+    emulated: bool = False
+    entries: list[ProfileEntry] = Field(min_length=1)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1) + "\n"
+
+
+class ProfileSet:
+    """Profiles for one model, looked up by (device type, microbatch size, tp)."""
+
+    def __init__(self, files: list[ProfileFile] | tuple[ProfileFile, ...] = ()) -> None:
+        self.files = tuple(sorted(files, key=lambda f: (f.model, f.device_type)))
+        self._index: dict[tuple[str, int, int], ProfileEntry] = {}
+        for f in self.files:
+            for e in f.entries:
+                self._index[(f.device_type, e.microbatch_size, e.tp)] = e
+
+    def for_model(self, model_name: str) -> ProfileSet:
+        """The subset measured for ``model_name``."""
+        return ProfileSet([f for f in self.files if f.model == model_name])
+
+    def lookup(self, device_type: str, microbatch_size: int, tp: int) -> ProfileEntry | None:
+        return self._index.get((device_type, microbatch_size, tp))
+
+    def device_types(self) -> list[str]:
+        return sorted({f.device_type for f in self.files})
+
+    def is_emulated(self, device_type: str) -> bool:
+        return any(f.emulated for f in self.files if f.device_type == device_type)
+
+    @classmethod
+    def load(cls, paths: list[Path] | tuple[Path, ...]) -> ProfileSet:
+        """Read every ``*.json`` profile under the given files or directories."""
+        files: list[ProfileFile] = []
+        for root in paths:
+            if not root.exists():
+                raise SpecError(
+                    f"no such file or directory: {root}",
+                    field="--profiles",
+                    fix="pass a directory written by `orchestrator profiles import` or the profiler",
+                )
+            candidates = sorted(root.rglob("*.json")) if root.is_dir() else [root]
+            for path in candidates:
+                files.append(read_profile(path))
+        return cls(files)
+
+
+def read_profile(path: Path) -> ProfileFile:
+    """Parse and validate one profile file, with a one-line error naming the field."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(f"cannot read profile {path}: {exc}", field=str(path)) from None
+    try:
+        return ProfileFile.model_validate(raw)
+    except ValidationError as exc:
+        from orchestrator.spec.loading import describe_validation_error
+
+        raise SpecError(describe_validation_error(exc, str(path))) from None
