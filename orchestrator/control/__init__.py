@@ -1,1 +1,1 @@
-"""Placeholder package; see docs/design.md."""
+"""The controller: an explicit state machine that reaches the world only through ports."""
