@@ -33,13 +33,17 @@ class LayerTiming(BaseModel):
 
 
 class ProfileEntry(BaseModel):
-    """All planner layers at one (microbatch size, tp)."""
+    """Planner layers at one (microbatch size, tp), keyed by planner layer index.
+
+    A layer may be missing (a source that measured only the transformer blocks, say); the cost model
+    then estimates it analytically and reports it as estimated.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     microbatch_size: PositiveInt
     tp: PositiveInt = 1
-    layers: list[LayerTiming] = Field(min_length=1)
+    layers: dict[int, LayerTiming] = Field(min_length=1)
 
 
 class ProfileFile(BaseModel):
