@@ -78,7 +78,9 @@ class ClusterSpec(BaseModel):
                     "(`orchestrator devices` lists them) or define it under device_types",
                 )
             device = catalog[group.device_type]
-            intra = group.intra_node_bandwidth_bytes_per_s or device.intra_node_bandwidth_bytes_per_s
+            intra = (
+                group.intra_node_bandwidth_bytes_per_s or device.intra_node_bandwidth_bytes_per_s
+            )
             inter = (
                 group.inter_node_bandwidth_bytes_per_s
                 or self.network.inter_node_bandwidth_bytes_per_s

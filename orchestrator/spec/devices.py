@@ -102,7 +102,7 @@ BUILTIN_DEVICE_TYPES: tuple[DeviceType, ...] = (
     _device("A100-40", 40 * GB, 19.5, 312, 312, 1555, 300, "NVIDIA A100 SXM4 40 GB"),
     # NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, BF16 362 TFLOPS dense, FP32 91.6, PCIe Gen4.
     _device("L40S", 48 * GB, 91.6, 362, 362, 864, 32, "NVIDIA L40S 48 GB"),
-    # NVIDIA A10 datasheet (A10G is AWS's variant of it): 24 GB, 600 GB/s, BF16 125 dense, FP32 31.2.
+    # NVIDIA A10 datasheet (AWS A10G is a variant): 24 GB, 600 GB/s, BF16 125 dense, FP32 31.2.
     _device("A10G", 24 * GB, 31.2, 125, 125, 600, 32, "NVIDIA A10G 24 GB"),
     # NVIDIA RTX A6000 datasheet: 48 GB, 768 GB/s, tensor 154.8 TFLOPS dense, FP32 38.7.
     _device("A6000", 48 * GB, 38.7, 154.8, 154.8, 768, 32, "NVIDIA RTX A6000 48 GB"),
@@ -116,7 +116,9 @@ BUILTIN_DEVICE_TYPES: tuple[DeviceType, ...] = (
     # GeForce RTX 3090 (GA102 whitepaper): FP16 tensor with FP32 accumulate 71 TFLOPS, FP32 35.6.
     _device("RTX-3090", 24 * GiB, 35.6, 71, 71, 936, 32, "NVIDIA GeForce RTX 3090 24 GB", GiB),
     # GeForce RTX 2080 (Turing whitepaper): FP16 tensor with FP32 accumulate 20.1, FP32 10.1.
-    _device("RTX-2080", 8 * GiB, 10.1, 20.1, 10.1, 448, 16, "NVIDIA GeForce RTX 2080 8 GB", 0.75 * GiB),
+    _device(
+        "RTX-2080", 8 * GiB, 10.1, 20.1, 10.1, 448, 16, "NVIDIA GeForce RTX 2080 8 GB", 0.75 * GiB
+    ),
     # Titan RTX (Turing whitepaper): FP16 tensor 130 TFLOPS, FP32 16.3, 672 GB/s.
     _device("Titan-RTX", 24 * GiB, 16.3, 130, 16.3, 672, 16, "NVIDIA Titan RTX 24 GB", GiB),
     # Tesla P40 datasheet: FP32 11.8 TFLOPS, FP16 at 1/64 rate (0.18), 346 GB/s, PCIe Gen3.

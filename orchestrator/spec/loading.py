@@ -52,7 +52,9 @@ def read_document(path: Path | str) -> Any:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         mark = getattr(exc, "problem_mark", None)
         if mark is not None:
-            detail = f"line {mark.line + 1}, column {mark.column + 1}: {getattr(exc, 'problem', '')}"
+            detail = (
+                f"line {mark.line + 1}, column {mark.column + 1}: {getattr(exc, 'problem', '')}"
+            )
         raise SpecError(f"{p}: not valid YAML/JSON ({detail})", fix="fix the syntax") from None
 
 

@@ -51,7 +51,9 @@ class ReplicaSpec(BaseModel):
     @model_validator(mode="after")
     def _contiguous(self) -> ReplicaSpec:
         if self.stages[0].layers[0] != 0:
-            raise ValueError(f"the first stage must start at layer 0, not {self.stages[0].layers[0]}")
+            raise ValueError(
+                f"the first stage must start at layer 0, not {self.stages[0].layers[0]}"
+            )
         for i in range(1, len(self.stages)):
             prev_end, start = self.stages[i - 1].layers[1], self.stages[i].layers[0]
             if start != prev_end:

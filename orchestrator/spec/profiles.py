@@ -96,7 +96,7 @@ class ProfileSet:
                 raise SpecError(
                     f"no such file or directory: {root}",
                     field="--profiles",
-                    fix="pass a directory written by `orchestrator profiles import` or the profiler",
+                    fix="pass a directory from `orchestrator profiles import` or the profiler",
                 )
             candidates = sorted(root.rglob("*.json")) if root.is_dir() else [root]
             for path in candidates:

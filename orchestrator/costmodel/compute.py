@@ -1,0 +1,95 @@
+"""Analytic per-layer compute time, used where no measured profile exists.
+
+FLOP counts follow the standard transformer arithmetic (Kaplan et al. 2020; Narayanan et al. 2021,
+"Efficient Large-Scale Language Model Training on GPU Clusters", appendix): a matmul of an
+``[n, k] x [k, m]`` pair costs ``2 n k m`` FLOPs, backward costs twice forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.spec.devices import DeviceType
+from orchestrator.spec.model import LayerKind, ModelSpec, Optimizer, TrainingSpec
+
+# Backward computes gradients for inputs and weights: two matmuls per forward matmul.
+BACKWARD_TO_FORWARD_FLOPS = 2.0
+
+# Achieved fraction of dense peak for transformer blocks, fitted to Sailor's measured A100-40
+# profiles (Megatron-DeepSpeed, fp16): OPT-350 (hidden 1024) reaches ~8% of peak per block at
+# microbatch 1, GPT-Neo-2.7 (hidden 2560) ~23%. Small matmuls use the tensor cores poorly, so the
+# fraction grows with hidden size up to a ceiling; 0.45 is Megatron's best reported MFU at scale.
+FRACTION_OF_PEAK_AT_HIDDEN_2560 = 0.23
+FRACTION_OF_PEAK_CEILING = 0.45
+FRACTION_OF_PEAK_FLOOR = 0.05
+
+# Kernel launch and framework overhead per layer and pass: ~20 CUDA kernels per block at
+# ~5 us each (NVIDIA's launch latency figure) = 1e-4 s.
+LAUNCH_OVERHEAD_S_PER_LAYER_PASS = 1e-4
+
+# Bytes of memory traffic per parameter in one optimizer update (memory-bound elementwise work):
+# mixed-precision Adam reads fp32 master, m, v and the 16-bit grad (14 B) and writes master, m, v
+# and the 16-bit weight (14 B); SGD with momentum reads/writes weights and momentum (~16 B).
+UPDATE_BYTES_PER_PARAM = {Optimizer.ADAM: 28, Optimizer.SGD: 16}
+
+
+def achieved_fraction_of_peak(hidden_size: int) -> float:
+    """Fraction of dense peak FLOP/s a transformer layer of this width reaches (see above)."""
+    scaled = FRACTION_OF_PEAK_AT_HIDDEN_2560 * hidden_size / 2560
+    return min(FRACTION_OF_PEAK_CEILING, max(FRACTION_OF_PEAK_FLOOR, scaled))
+
+
+def forward_flops_per_sample(model: ModelSpec, layer: int) -> float:
+    """Forward FLOPs of planner layer ``layer`` for one sample of ``sequence_length`` tokens."""
+    s, h, f, v = model.sequence_length, model.hidden_size, model.ffn_size, model.vocab_size
+    kind = model.layer_kind(layer)
+    if kind is LayerKind.EMBEDDING:
+        return 0.0  # a table lookup: memory-bound, costed by bytes below
+    if kind is LayerKind.HEAD:
+        return 2.0 * s * h * v  # output projection to the vocabulary
+    matmul_params = 4 * h * h + 2 * h * f  # qkv + out projection + two MLP matrices
+    attention = 4.0 * s * s * h  # QK^T and attention x V, 2 s^2 h each
+    return 2.0 * s * matmul_params + attention
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds for one planner layer at one (microbatch size, tp) on one device."""
+
+    forward_s: float
+    backward_s: float
+    update_s: float
+    estimated: bool
+
+
+def analytic_layer_time(
+    model: ModelSpec,
+    training: TrainingSpec,
+    device: DeviceType,
+    layer: int,
+    microbatch_size: int,
+    tp: int,
+    tp_comm_s: float,
+) -> LayerTime:
+    """Estimate a layer's time from FLOPs and the device's datasheet peak.
+
+    ``tp_comm_s`` is the tensor-parallel all-reduce time of one pass (0 when ``tp == 1``).
+    """
+    peak = device.flops_per_s(model.dtype) * achieved_fraction_of_peak(model.hidden_size)
+    flops = forward_flops_per_sample(model, layer) * microbatch_size / tp
+    forward_s = flops / peak + LAUNCH_OVERHEAD_S_PER_LAYER_PASS
+    if model.layer_kind(layer) is LayerKind.EMBEDDING:
+        # Gather microbatch x seq rows of the table and write them out.
+        row_bytes = model.hidden_size * model.dtype.size_bytes
+        moved = 2 * microbatch_size * model.sequence_length * row_bytes / tp
+        forward_s = moved / device.memory_bandwidth_bytes_per_s + LAUNCH_OVERHEAD_S_PER_LAYER_PASS
+    backward_s = BACKWARD_TO_FORWARD_FLOPS * (forward_s - LAUNCH_OVERHEAD_S_PER_LAYER_PASS)
+    backward_s += LAUNCH_OVERHEAD_S_PER_LAYER_PASS
+    update_bytes = model.layer_params(layer) / tp * UPDATE_BYTES_PER_PARAM[training.optimizer]
+    update_s = update_bytes / device.memory_bandwidth_bytes_per_s
+    return LayerTime(
+        forward_s=forward_s + tp_comm_s,
+        backward_s=backward_s + tp_comm_s,
+        update_s=update_s,
+        estimated=True,
+    )
