@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "orchestrator.cli.plan_cmd",
     "orchestrator.cli.devices_cmd",
     "orchestrator.cli.profiles_cmd",
+    "orchestrator.cli.status_cmd",
 )
 
 EXIT_USER_ERROR = 2
