@@ -1,0 +1,165 @@
+"""What the Ray cluster holds: device types, device counts and emulated speeds, from ray.nodes().
+
+:func:`nodes_from_rows` is pure (it reads the rows ``ray.nodes()`` returns), so its rules are tested
+without Ray; :func:`discover_nodes` calls Ray. :func:`cluster_from_nodes` turns the live nodes into
+the :class:`~orchestrator.spec.cluster.Cluster` the planner and the cost model read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.errors import SpecError
+from orchestrator.runtime.labels import (
+    ACCELERATOR_LABEL,
+    CPU_DEVICE_TYPE,
+    DEVICE_TYPE_LABEL,
+    EMULATED_SPEED_LABEL,
+)
+from orchestrator.spec.cluster import DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, Cluster, Node
+from orchestrator.spec.devices import DeviceCatalog
+
+
+@dataclass(frozen=True)
+class RayNode:
+    """One live Ray node as the runtime sees it.
+
+    ``type_label`` is the label key that named the device type (``None`` for an unlabelled CPU
+    node); placement selects nodes by that key. ``uses_gpus`` says whether the node's devices are
+    its ``GPU`` resources (else its CPUs). ``name`` is ``<device type>-<index>``, stable for a given
+    set of nodes, and is what plans write in ``stages[].node``.
+    """
+
+    node_id: str
+    address: str
+    name: str
+    device_type: str
+    type_label: str | None
+    num_devices: int
+    uses_gpus: bool
+    emulated_speed: float | None
+    labels: Mapping[str, str]
+
+    @property
+    def emulated(self) -> bool:
+        return self.emulated_speed is not None
+
+
+def _device_type_of(labels: Mapping[str, str], has_gpus: bool) -> tuple[str, str | None]:
+    if labels.get(DEVICE_TYPE_LABEL):
+        return labels[DEVICE_TYPE_LABEL], DEVICE_TYPE_LABEL
+    if labels.get(ACCELERATOR_LABEL):
+        return labels[ACCELERATOR_LABEL], ACCELERATOR_LABEL
+    if has_gpus:
+        return "", None  # GPUs of unknown type: reported by cluster_from_nodes
+    return CPU_DEVICE_TYPE, None
+
+
+def _emulated_speed(labels: Mapping[str, str], node_id: str) -> float | None:
+    raw = labels.get(EMULATED_SPEED_LABEL)
+    if raw is None:
+        return None
+    try:
+        speed = float(raw)
+    except ValueError:
+        speed = -1.0
+    if not speed > 0:
+        raise SpecError(
+            f"node {node_id[:12]} has {EMULATED_SPEED_LABEL}={raw!r}",
+            field=EMULATED_SPEED_LABEL,
+            fix="set it to a positive relative speed such as 1.0 or 0.25",
+        )
+    return speed
+
+
+def nodes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[RayNode]:
+    """Live nodes with at least one device, sorted by (device type, node id), named in order."""
+    found: list[tuple[str, str | None, Mapping[str, Any], Mapping[str, str]]] = []
+    for row in rows:
+        if not row.get("Alive", False):
+            continue
+        resources = row.get("Resources", {}) or {}
+        labels = dict(row.get("Labels", {}) or {})
+        has_gpus = float(resources.get("GPU", 0)) >= 1
+        devices = int(resources.get("GPU", 0)) if has_gpus else int(resources.get("CPU", 0))
+        if devices < 1:
+            continue  # e.g. a head node started with num_cpus=0 to keep work off it
+        device_type, key = _device_type_of(labels, has_gpus)
+        found.append((device_type, key, row, labels))
+    found.sort(key=lambda item: (item[0], str(item[2]["NodeID"])))
+    nodes: list[RayNode] = []
+    index_by_type: dict[str, int] = {}
+    for device_type, key, row, labels in found:
+        resources = row.get("Resources", {}) or {}
+        has_gpus = float(resources.get("GPU", 0)) >= 1
+        index = index_by_type.get(device_type, 0)
+        index_by_type[device_type] = index + 1
+        node_id = str(row["NodeID"])
+        nodes.append(
+            RayNode(
+                node_id=node_id,
+                address=str(row.get("NodeManagerAddress", "")),
+                name=f"{device_type or 'unknown'}-{index}",
+                device_type=device_type,
+                type_label=key,
+                num_devices=int(resources.get("GPU", 0)) if has_gpus else int(resources["CPU"]),
+                uses_gpus=has_gpus,
+                emulated_speed=_emulated_speed(labels, node_id),
+                labels=labels,
+            )
+        )
+    return nodes
+
+
+def discover_nodes() -> list[RayNode]:
+    """The live nodes of the Ray cluster this process is connected to."""
+    import ray
+
+    return nodes_from_rows(ray.nodes())
+
+
+def cluster_from_nodes(nodes: Sequence[RayNode], catalog: DeviceCatalog | None = None) -> Cluster:
+    """The planner's view of the live nodes; unknown device types are a clear error."""
+    catalog = catalog or DeviceCatalog.builtin()
+    out: list[Node] = []
+    for node in nodes:
+        if not node.device_type:
+            raise SpecError(
+                f"node {node.node_id[:12]} ({node.address}) has GPUs but no device-type label",
+                field=DEVICE_TYPE_LABEL,
+                fix=f"start it with --labels {DEVICE_TYPE_LABEL}=<catalog name, e.g. A100-80>",
+            )
+        if node.device_type not in catalog:
+            raise SpecError(
+                f"node {node.node_id[:12]} ({node.address}) has unknown device type "
+                f"{node.device_type!r}",
+                field=node.type_label or DEVICE_TYPE_LABEL,
+                fix=f"label it {DEVICE_TYPE_LABEL}=<one of {', '.join(catalog.names())}>",
+            )
+        device = catalog[node.device_type]
+        out.append(
+            Node(
+                name=node.name,
+                group=node.device_type,
+                device_type=device,
+                num_devices=node.num_devices,
+                intra_node_bandwidth_bytes_per_s=device.intra_node_bandwidth_bytes_per_s,
+                inter_node_bandwidth_bytes_per_s=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S,
+            )
+        )
+    return Cluster(nodes=tuple(out))
+
+
+def emulated_reference_speed(nodes: Sequence[RayNode]) -> float | None:
+    """The fastest emulated speed present (it runs at real speed); None if nothing is emulated."""
+    speeds = [n.emulated_speed for n in nodes if n.emulated_speed is not None]
+    return max(speeds) if speeds else None
+
+
+def slowdown_factor(node: RayNode, reference_speed: float | None) -> float:
+    """How much a worker on ``node`` stretches its compute: reference speed / node speed (>= 1)."""
+    if node.emulated_speed is None or reference_speed is None:
+        return 1.0
+    return max(1.0, reference_speed / node.emulated_speed)

@@ -1,0 +1,50 @@
+"""Typed failures of a worker group; retryable versus permanent is in the type.
+
+Every error here pickles intact (it may be raised where Ray moves it between processes).
+"""
+
+from __future__ import annotations
+
+from orchestrator.errors import PermanentError, TransientError
+
+
+class WorkerLostError(TransientError):
+    """Workers died (their actor or their node): the group must be relaunched without them."""
+
+    def __init__(self, ranks: tuple[int, ...], nodes: tuple[str, ...], detail: str = "") -> None:
+        where = ", ".join(f"rank {r} on node {n}" for r, n in zip(ranks, nodes, strict=True))
+        super().__init__(
+            f"lost {len(ranks)} worker(s): {where}" + (f" ({detail})" if detail else "")
+        )
+        self.ranks = ranks
+        self.nodes = nodes
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.ranks, self.nodes, self.detail))
+
+
+class WorkerTimeoutError(TransientError):
+    """Workers did not finish a phase (set-up or a step) in time; they may be hung or too slow."""
+
+    def __init__(self, phase: str, ranks: tuple[int, ...], timeout_s: float) -> None:
+        super().__init__(f"{phase}: ranks {list(ranks)} did not finish within {timeout_s:.0f} s")
+        self.phase = phase
+        self.ranks = ranks
+        self.timeout_s = timeout_s
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.phase, self.ranks, self.timeout_s))
+
+
+class WorkerFailedError(PermanentError):
+    """A worker raised an error while every worker stayed alive: a bug or bad data, not a loss."""
+
+    def __init__(self, phase: str, rank: int, detail: str) -> None:
+        super().__init__(f"{phase}: rank {rank} failed: {detail}")
+        self.phase = phase
+        self.rank = rank
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.phase, self.rank, self.detail))

@@ -1,0 +1,307 @@
+"""The worker group: the actors of one plan, launched, stepped and stopped together.
+
+The port the elastic controller drives (a small surface, so it can be faked in tests)::
+
+    group.launch(plan, layer_states=None, start_step=0)   # place, start, rendezvous, load state
+    group.step() -> StepReport                            # one training step on every rank
+    group.fetch_layer_states() -> {layer: state}          # from the live holders of each layer
+    group.stop()                                          # tear down; safe to call twice
+
+Any worker that dies surfaces as :class:`~orchestrator.runtime.errors.WorkerLostError` naming the
+ranks and nodes lost; a worker that raises while all stay alive as ``WorkerFailedError``; a phase
+that does not finish in time as ``WorkerTimeoutError``. User mistakes raised inside a worker (a
+:class:`~orchestrator.errors.UserError`) come back as themselves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from orchestrator.control.events import StageTiming, StepReport
+from orchestrator.errors import UserError
+from orchestrator.runtime.actor import WorkerActor, WorkerJob
+from orchestrator.runtime.discovery import (
+    RayNode,
+    discover_nodes,
+    emulated_reference_speed,
+    slowdown_factor,
+)
+from orchestrator.runtime.errors import WorkerFailedError, WorkerLostError, WorkerTimeoutError
+from orchestrator.runtime.placement import PlacedGroup, bundle_requests, place, slots_for_plan
+from orchestrator.runtime.validation import validate_plan_for_cluster
+from orchestrator.spec.plan import Plan
+from orchestrator.worker.topology import RankSpec, layer_holders, ranks_for_plan
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    """Timeouts of the group's phases, in seconds."""
+
+    placement_timeout_s: float = 120.0
+    rendezvous_timeout_s: float = 120.0
+    step_timeout_s: float = 600.0
+    # After a failure: how long to wait for the other workers' liveness answers, so one failure
+    # names every lost rank (a crashed node's actors are declared dead after Ray's health checks,
+    # ~15 s by default).
+    failure_grace_s: float = 20.0
+    stop_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Where one rank runs and whether its speed is emulated."""
+
+    rank: int
+    node_id: str
+    node_name: str
+    device_type: str
+    slowdown_factor: float
+    emulated: bool
+
+
+class WorkerGroup:
+    """One actor per rank of a plan; see the module docstring for the port it offers."""
+
+    def __init__(self, job: WorkerJob, options: GroupOptions | None = None) -> None:
+        self.job = job
+        self.options = options or GroupOptions()
+        self.plan: Plan | None = None
+        self.ranks: list[RankSpec] = []
+        self.workers: list[WorkerInfo] = []
+        self.next_step = 0
+        self._actors: list[Any] = []
+        self._placed: PlacedGroup | None = None
+        self._nodes: list[RayNode] = []
+
+    # ---- the port ---------------------------------------------------------------------------
+
+    def launch(
+        self,
+        plan: Plan,
+        layer_states: Mapping[int, Mapping[str, Any]] | None = None,
+        start_step: int = 0,
+        num_planner_layers: int | None = None,
+    ) -> list[WorkerInfo]:
+        """Place and start the workers of ``plan``, join them, and load ``layer_states``."""
+        if self._actors:
+            raise RuntimeError("launch() on a running group; stop() it first")
+        self._nodes = discover_nodes()
+        validate_plan_for_cluster(plan, self._nodes, num_planner_layers)
+        self.plan, self.ranks = plan, ranks_for_plan(plan)
+        requests = bundle_requests(slots_for_plan(plan), self._nodes)
+        self._placed = place(requests, self.options.placement_timeout_s, name="")
+        try:
+            self._start_actors(plan)
+            if layer_states:
+                self.set_layer_states(layer_states)
+        except BaseException:
+            self.stop()
+            raise
+        self.next_step = start_step
+        return self.workers
+
+    def step(self) -> StepReport:
+        """Run step ``next_step`` on every rank and gather one report."""
+        assert self.plan is not None, "step() before launch()"
+        step = self.next_step
+        started = time.perf_counter()
+        refs = {r: a.train_step.remote(step) for r, a in enumerate(self._actors)}
+        results = self._gather(f"step {step}", refs, self.options.step_timeout_s)
+        duration_s = time.perf_counter() - started
+        self.next_step = step + 1
+        return self._report(step, results, duration_s)
+
+    def fetch_layer_states(self) -> dict[int, dict[str, Any]]:
+        """Each planner layer's parameters and optimizer state, from a live rank holding it.
+
+        Raises :class:`WorkerLostError` naming the ranks when some layer has no live holder.
+        """
+        assert self.plan is not None, "fetch_layer_states() before launch()"
+        alive = self._alive_ranks()
+        chosen: dict[int, list[int]] = {}
+        for layer, holders in sorted(layer_holders(self.plan).items()):
+            live = [r for r in holders if r in alive]
+            if not live:
+                dead = tuple(r for r in range(len(self._actors)) if r not in alive)
+                raise WorkerLostError(
+                    dead, self._node_names(dead), f"layer {layer} has no live holder"
+                )
+            chosen.setdefault(live[0], []).append(layer)
+        refs = {r: self._actors[r].get_layer_states.remote() for r in chosen}
+        got = self._gather("fetch layer states", refs, self.options.step_timeout_s)
+        return {layer: got[r][layer] for r, layers in chosen.items() for layer in layers}
+
+    def stop(self) -> None:
+        """Shut every worker down (briefly politely, then by force) and free the placement."""
+        actors, self._actors = self._actors, []
+        if actors:
+            refs = [a.shutdown.remote() for a in actors]
+            ray.wait(refs, num_returns=len(refs), timeout=self.options.stop_timeout_s)
+            for a in actors:
+                ray.kill(a, no_restart=True)
+        if self._placed is not None:
+            self._placed.remove()
+            self._placed = None
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    @property
+    def emulated(self) -> bool:
+        """Whether any worker stretches its compute to an emulated speed."""
+        return any(w.emulated for w in self.workers)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def set_layer_states(self, states: Mapping[int, Mapping[str, Any]]) -> None:
+        """Give each rank the states of its own layers (every layer of the plan must be there)."""
+        missing = sorted(set(range(self.plan.num_layers if self.plan else 0)) - set(states))
+        if missing:
+            raise UserError(
+                f"layer states lack planner layers {missing}",
+                field="layer_states",
+                fix="resume from a checkpoint of this model",
+            )
+        refs = {
+            spec.rank: self._actors[spec.rank].set_layer_states.remote(
+                {i: states[i] for i in spec.layer_indices}
+            )
+            for spec in self.ranks
+        }
+        self._gather("set layer states", refs, self.options.rendezvous_timeout_s)
+
+    def call_all(self, method: str, *args: Any, timeout_s: float | None = None) -> dict[int, Any]:
+        """Call an actor method on every rank and gather the results by rank."""
+        refs = {r: getattr(a, method).remote(*args) for r, a in enumerate(self._actors)}
+        return self._gather(method, refs, timeout_s or self.options.step_timeout_s)
+
+    def _start_actors(self, plan: Plan) -> None:
+        assert self._placed is not None
+        reference = emulated_reference_speed(self._nodes)
+        by_id = {n.node_id: n for n in self._nodes}
+        plan_json = plan.model_dump_json()
+        self.workers = []
+        for spec, node_id, request in zip(
+            self.ranks, self._placed.bundle_node_ids, self._placed.requests, strict=True
+        ):
+            node = by_id.get(node_id)
+            factor = slowdown_factor(node, reference) if node is not None else 1.0
+            emulated = node is not None and node.emulated
+            strategy = PlacementGroupSchedulingStrategy(
+                self._placed.placement_group, placement_group_bundle_index=spec.rank
+            )
+            actor = WorkerActor.options(  # type: ignore[attr-defined]
+                num_cpus=0 if request.uses_gpus else 1,
+                num_gpus=1 if request.uses_gpus else 0,
+                scheduling_strategy=strategy,
+                name=None,
+            ).remote(self.job, plan_json, spec.rank, factor if emulated else None)
+            self._actors.append(actor)
+            name = node.name if node is not None else node_id[:12]
+            self.workers.append(
+                WorkerInfo(spec.rank, node_id, name, spec.device_type, factor, emulated)
+            )
+        timeout_s = self.options.rendezvous_timeout_s
+        where = self._gather("start", {0: self._actors[0].where.remote()}, timeout_s)[0]
+        refs = {
+            r: a.setup.remote(where["address"], where["port"], len(self._actors), timeout_s)
+            for r, a in enumerate(self._actors)
+        }
+        infos = self._gather("rendezvous", refs, timeout_s + 30.0)
+        # The actor has the last word on emulation (it turns it off where it finds a real GPU).
+        self.workers = [
+            WorkerInfo(
+                w.rank,
+                w.node_id,
+                w.node_name,
+                w.device_type,
+                float(infos[w.rank]["slowdown_factor"]),
+                bool(infos[w.rank]["emulated"]),
+            )
+            for w in self.workers
+        ]
+
+    def _report(
+        self, step: int, results: dict[int, dict[str, Any]], duration_s: float
+    ) -> StepReport:
+        assert self.plan is not None
+        losses = [float(r["loss"]) for r in results.values() if r.get("loss") is not None]
+        timings = tuple(
+            StageTiming(
+                replica=spec.replica,
+                stage=spec.stage,
+                device_type=spec.device_type,
+                compute_s=float(results[spec.rank].get("compute_s", 0.0)),
+                step_s=float(results[spec.rank].get("step_s", 0.0)),
+            )
+            for spec in self.ranks
+        )
+        return StepReport(
+            step=step,
+            # Each last stage reports its replica's weighted share: their sum is the batch loss.
+            loss=sum(losses),
+            step_duration_s=duration_s,
+            samples=self.plan.global_batch_size,
+            stage_timings=timings,
+        )
+
+    def _gather(self, phase: str, refs: Mapping[int, Any], timeout_s: float) -> dict[int, Any]:
+        pending = {ref: rank for rank, ref in refs.items()}
+        results: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            remaining = max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
+            if not ready:
+                self._raise_lost(phase, detail="")  # a dead peer often explains a hang
+                raise WorkerTimeoutError(phase, tuple(sorted(pending.values())), timeout_s)
+            for ref in ready:
+                rank = pending.pop(ref)
+                try:
+                    results[rank] = ray.get(ref)
+                except (RayActorError, RayTaskError, GetTimeoutError) as exc:
+                    self._raise_failure(phase, rank, exc)
+        return results
+
+    def _raise_failure(self, phase: str, rank: int, exc: BaseException) -> None:
+        detail = f"rank {rank}: {type(exc).__name__}"
+        self._raise_lost(phase, detail, also=(rank,) if isinstance(exc, RayActorError) else ())
+        cause = getattr(exc, "cause", None) or exc
+        if isinstance(cause, UserError):
+            raise cause from None
+        raise WorkerFailedError(phase, rank, f"{type(cause).__name__}: {cause}") from exc
+
+    def _raise_lost(self, phase: str, detail: str, also: tuple[int, ...] = ()) -> None:
+        dead = tuple(sorted((set(range(len(self._actors))) - self._alive_ranks()) | set(also)))
+        if dead:
+            raise WorkerLostError(dead, self._node_names(dead), f"{phase}; {detail}".strip("; "))
+
+    def _alive_ranks(self) -> set[int]:
+        """Ranks whose actor answers a ping (a second thread answers even during a step).
+
+        Waits up to ``failure_grace_s`` for every answer; an actor on a crashed node answers
+        with an error once Ray declares the node dead. One that stays silent counts as alive: its
+        process is stuck, and the step timeout names it.
+        """
+        refs = {a.ping.remote(): r for r, a in enumerate(self._actors)}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.options.failure_grace_s)
+        alive = {refs[ref] for ref in refs if ref not in ready}
+        for ref in ready:
+            try:
+                ray.get(ref)
+                alive.add(refs[ref])
+            except RayActorError:
+                pass
+        return alive
+
+    def _node_names(self, ranks: tuple[int, ...]) -> tuple[str, ...]:
+        names = {w.rank: w.node_name for w in self.workers}
+        return tuple(names.get(r, "?") for r in ranks)
