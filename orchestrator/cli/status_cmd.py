@@ -62,8 +62,8 @@ def fetch_status(address: str, *, timeout_s: float = 5.0) -> dict[str, Any] | No
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             body = json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None  # something answers, but it is not a controller
+        if exc.code in (404, 503):
+            return None  # something answers, but it is not a controller with a run
         raise
     except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
         return None
@@ -71,7 +71,13 @@ def fetch_status(address: str, *, timeout_s: float = 5.0) -> dict[str, Any] | No
 
 
 def run_status(args: argparse.Namespace) -> int:
-    doc = fetch_status(args.address, timeout_s=args.timeout_s)
+    try:
+        doc = fetch_status(args.address, timeout_s=args.timeout_s)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace").strip()
+        print(f"orchestrator status: the job at {args.address} answered HTTP {exc.code}: {detail}",
+              file=sys.stderr)
+        return EXIT_NO_JOB
     if doc is None:
         print(
             f"orchestrator status: no job is running at {args.address} "
