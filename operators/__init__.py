@@ -1,0 +1,1 @@
+"""Kubernetes operators for orchestrator jobs (see :mod:`operators.hetero`)."""
