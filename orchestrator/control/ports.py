@@ -1,0 +1,149 @@
+"""The small interfaces through which the controller reaches the world.
+
+The Ray adapters (``orchestrator/runtime``) implement them with real nodes and actors; the unit
+tests implement them with fakes and a fake clock, and step the controller one transition at a
+time. Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from orchestrator.control.events import StepReport
+from orchestrator.control.recovery import CheckpointRef, LayerState, RestoreSource
+from orchestrator.control.snapshot import ClusterSnapshot
+from orchestrator.errors import TransientError
+from orchestrator.spec.plan import Plan
+
+
+class WorkerLost(TransientError):
+    """Workers died (their process or their node): the ranks and the nodes they ran on.
+
+    Raised by :class:`WorkerGroupPort` methods. Survives pickling (it may cross an actor call).
+    """
+
+    def __init__(self, ranks: Iterable[int], nodes: Iterable[str], detail: str = "") -> None:
+        self.ranks = tuple(sorted(set(ranks)))
+        self.nodes = tuple(sorted(set(nodes)))
+        self.detail = detail
+        text = f"lost ranks {list(self.ranks)} on nodes {list(self.nodes)}"
+        super().__init__(f"{text}: {detail}" if detail else text)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (WorkerLost, (self.ranks, self.nodes, self.detail))
+
+
+@dataclass(frozen=True)
+class PlanProposal:
+    """A plan with the cost model's numbers: predicted and lower-bound seconds per step.
+
+    ``stage_compute_s`` optionally maps (replica, stage) to predicted compute seconds per step;
+    the straggler detector uses it as the baseline (else it learns one from the first steps).
+    """
+
+    plan: Plan
+    predicted_step_s: float
+    bound_step_s: float
+    stage_compute_s: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    notes: str = ""
+
+
+@runtime_checkable
+class ClusterProbe(Protocol):
+    """Reads the cluster: about once a second in the running state."""
+
+    def snapshot(self) -> ClusterSnapshot:
+        """Alive and draining nodes now; may raise :class:`TransientError` (retried)."""
+        ...
+
+
+@runtime_checkable
+class WorkerGroupPort(Protocol):
+    """One worker per rank of a plan, training in lock step.
+
+    Every method may raise :class:`WorkerLost`. After it does, the surviving workers still answer
+    :meth:`layer_holders` and :meth:`fetch_layer_states` with the state of the last *committed*
+    step (a worker that applied an update for a step that did not complete rolls it back).
+    """
+
+    def launch(self, plan: Plan, restore: RestoreSource) -> None:
+        """Start workers for ``plan`` and load their layers from ``restore``: the states in it
+        (REPLICAS), the checkpoint at ``restore.checkpoint_step`` (CHECKPOINT) or the seed
+        (FRESH). The first step to run is ``restore.resume_step``."""
+        ...
+
+    def step(self, step: int) -> StepReport:
+        """Run training step ``step`` on every rank; return when it is committed everywhere."""
+        ...
+
+    def layer_holders(self) -> Mapping[int, tuple[int, ...]]:
+        """Layer -> ranks that hold it (alive as far as the group knows)."""
+        ...
+
+    def placement(self) -> Mapping[int, str]:
+        """Rank -> node id it runs on."""
+        ...
+
+    def fetch_layer_states(self, sources: Mapping[int, int]) -> dict[int, LayerState]:
+        """Read each layer's parameters and optimizer state from the given rank
+        (``sources``: layer -> rank)."""
+        ...
+
+    def stop(self) -> None:
+        """Stop every worker; idempotent, never raises for workers already dead."""
+        ...
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """Complete, layer-indexed checkpoints, written atomically."""
+
+    def latest(self) -> CheckpointRef | None:
+        """The newest complete checkpoint, or ``None``."""
+        ...
+
+    def save(
+        self, step: int, states: Mapping[int, LayerState], meta: Mapping[str, object]
+    ) -> CheckpointRef:
+        """Write the state after ``step`` committed steps; ``meta`` (JSON-able run state: plan,
+        failures so far, lost steps) goes into the manifest."""
+        ...
+
+    def load(self, step: int) -> dict[int, LayerState]:
+        """Every layer's state of the checkpoint at ``step``."""
+        ...
+
+
+@runtime_checkable
+class Clock(Protocol):
+    def now_s(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """Wall-clock seconds (the timebase of preemption deadlines from Ray)."""
+
+    def now_s(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+
+@runtime_checkable
+class Planner(Protocol):
+    """Chooses a plan for the usable nodes of a snapshot.
+
+    ``slowdown_by_node`` carries measured slowness (node id -> factor > 1) that the planner must
+    account for, e.g. by scaling that node's profiles. Raises
+    :class:`~orchestrator.errors.InfeasibleError` when no plan fits.
+    """
+
+    def __call__(
+        self, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
+    ) -> PlanProposal: ...

@@ -1,0 +1,111 @@
+"""The controller's states, each carrying what the next transition needs.
+
+The state *type* knows its :class:`ControllerStateName` (and so whether it is terminal); the
+controller keeps exactly one state object at a time and replaces it on every transition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from orchestrator.control.events import ControllerStateName
+from orchestrator.control.ports import PlanProposal
+from orchestrator.control.recovery import RestoreSource
+
+
+@dataclass(frozen=True)
+class DiscoveringState:
+    """Waiting for enough usable devices; ``restore`` is what the next plan will load."""
+
+    name: ClassVar[ControllerStateName] = ControllerStateName.DISCOVERING
+    since_s: float
+    reason: str  # "initial", "restart", "failure", ...
+    restore: RestoreSource | None = None  # None: decide at start (checkpoint or fresh)
+    waiting_for: str = ""  # why the last attempt could not plan
+
+
+@dataclass(frozen=True)
+class PlanningState:
+    name: ClassVar[ControllerStateName] = ControllerStateName.PLANNING
+    since_s: float
+    reason: str
+    restore: RestoreSource
+
+
+@dataclass(frozen=True)
+class LaunchingState:
+    name: ClassVar[ControllerStateName] = ControllerStateName.LAUNCHING
+    since_s: float
+    reason: str
+    proposal: PlanProposal
+    restore: RestoreSource
+
+
+@dataclass(frozen=True)
+class RunningState:
+    name: ClassVar[ControllerStateName] = ControllerStateName.RUNNING
+    since_s: float
+    reason: str  # why this plan is running ("initial", "failure", "join", ...)
+    proposal: PlanProposal
+
+
+@dataclass(frozen=True)
+class RecoveringState:
+    """Workers were lost: read what survives, wait out the backoff, then re-plan.
+
+    ``restore`` is set when the state to resume from is already in hand (a launch failed after
+    states were read); otherwise recovery reads it from the survivors or the checkpoint.
+    """
+
+    name: ClassVar[ControllerStateName] = ControllerStateName.RECOVERING
+    since_s: float
+    lost_nodes: frozenset[str]
+    lost_ranks: frozenset[int]
+    cause: str
+    retry_at_s: float
+    restore: RestoreSource | None = None
+
+
+@dataclass(frozen=True)
+class ResizingState:
+    """Moving a healthy run to a new plan at a step boundary.
+
+    ``proposal`` is the new plan (join, straggler) or ``None`` to re-plan after evacuating
+    ``evacuate_nodes`` (preemption).
+    """
+
+    name: ClassVar[ControllerStateName] = ControllerStateName.RESIZING
+    since_s: float
+    reason: str
+    proposal: PlanProposal | None
+    evacuate_nodes: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class FinishedState:
+    name: ClassVar[ControllerStateName] = ControllerStateName.FINISHED
+    since_s: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class FailedState:
+    """The run stopped; ``checkpoint_step`` is the checkpoint to resume from (None: none)."""
+
+    name: ClassVar[ControllerStateName] = ControllerStateName.FAILED
+    since_s: float
+    reason: str
+    checkpoint_step: int | None
+
+
+ControllerState = (
+    DiscoveringState
+    | PlanningState
+    | LaunchingState
+    | RunningState
+    | RecoveringState
+    | ResizingState
+    | FinishedState
+    | FailedState
+)

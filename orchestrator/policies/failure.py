@@ -1,0 +1,91 @@
+"""Failure budget with exponential backoff.
+
+A run may lose workers ``max_failures`` times; the n-th failure (1-based) waits
+``min(initial_backoff_s * multiplier ** (n - 1), max_backoff_s)`` before the controller re-plans,
+so a flapping node does not make the run thrash. Failure ``max_failures + 1`` gives up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.errors import SpecError
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Re-plan on the survivors after waiting ``after_s`` seconds."""
+
+    after_s: float
+    failure_count: int
+    failures_left: int
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Stop the run; ``reason`` is the line shown to the user."""
+
+    reason: str
+    failure_count: int
+
+
+class FailureDecision:
+    """The two decisions: ``FailureDecision.RETRY(...)`` and ``FailureDecision.GIVE_UP(...)``.
+
+    ``isinstance(decision, FailureDecision.RETRY)`` tells them apart.
+    """
+
+    RETRY = Retry
+    GIVE_UP = GiveUp
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """How many worker or node failures a run survives, and how long it waits after each."""
+
+    max_failures: int = 5
+    initial_backoff_s: float = 1.0
+    backoff_multiplier: float = 2.0
+    max_backoff_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_failures < 0:
+            raise SpecError(
+                f"max_failures is {self.max_failures}",
+                field="elasticity.max_failures",
+                fix="use 0 (fail on the first failure) or more",
+            )
+        if self.initial_backoff_s < 0 or self.max_backoff_s < 0:
+            raise SpecError(
+                "backoff seconds are negative",
+                field="elasticity.initial_backoff_s / max_backoff_s",
+                fix="use 0 or more seconds",
+            )
+        if self.backoff_multiplier < 1:
+            raise SpecError(
+                f"backoff_multiplier is {self.backoff_multiplier}",
+                field="elasticity.backoff_multiplier",
+                fix="use 1 (constant backoff) or more",
+            )
+
+    def backoff_s(self, failure_count: int) -> float:
+        """Seconds to wait after the ``failure_count``-th failure (1-based)."""
+        raw = self.initial_backoff_s * self.backoff_multiplier ** max(0, failure_count - 1)
+        return min(raw, self.max_backoff_s)
+
+    def decide(self, failure_count: int, cause: str) -> Retry | GiveUp:
+        """Decide after the ``failure_count``-th failure of the run (1-based)."""
+        if failure_count > self.max_failures:
+            return GiveUp(
+                reason=(
+                    f"failure budget spent: {failure_count} failures, the budget allows "
+                    f"{self.max_failures} (last: {cause}); raise elasticity.max_failures "
+                    "or fix the failing nodes, then resume from the checkpoint"
+                ),
+                failure_count=failure_count,
+            )
+        return Retry(
+            after_s=self.backoff_s(failure_count),
+            failure_count=failure_count,
+            failures_left=self.max_failures - failure_count,
+        )
