@@ -8,7 +8,7 @@ an O(1) lookup, which the planner's partitioning relies on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 from orchestrator.costmodel import comm, memory
@@ -33,6 +33,20 @@ class LayerTable:
     state_prefix_bytes: tuple[float, ...]
     activation_prefix_bytes: tuple[float, ...]  # one microbatch in flight
     estimated_layers: tuple[int, ...]
+    _memory_prefix_cache: dict[int, list[float]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def memory_prefix_bytes(self, in_flight: int) -> list[float]:
+        """Prefix sums of ``state + in_flight * activations`` (cached per in-flight count)."""
+        found = self._memory_prefix_cache.get(in_flight)
+        if found is None:
+            found = [
+                s + in_flight * a
+                for s, a in zip(self.state_prefix_bytes, self.activation_prefix_bytes, strict=True)
+            ]
+            self._memory_prefix_cache[in_flight] = found
+        return found
 
     def compute_s(self, start: int, end: int) -> float:
         return self.compute_prefix_s[end] - self.compute_prefix_s[start]

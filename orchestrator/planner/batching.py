@@ -1,0 +1,119 @@
+"""Uneven batch shares across replicas by water-filling, and the step time of a selection.
+
+A replica whose stages take ``T_s`` per microbatch finishes ``m`` microbatches after
+``(m - 1) * max_s T_s + sum_s T_s``. Water-filling gives every replica as many microbatches as it
+can finish by a common deadline ``T`` and lowers ``T`` until the global batch no longer fits, so
+fast replicas take larger shares and all replicas finish together.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from orchestrator.costmodel import comm
+from orchestrator.planner.templates import Template, TypeInfo
+
+_BISECTIONS = 80
+
+
+@dataclass(frozen=True)
+class Group:
+    """``count`` identical replicas of one template."""
+
+    template: Template
+    count: int
+
+
+def _microbatches_by(template: Template, deadline_s: float) -> int:
+    """Microbatches one replica of ``template`` completes by ``deadline_s`` (0 if none)."""
+    if deadline_s < template.sum_s:
+        return 0
+    return int((deadline_s - template.sum_s) / template.bottleneck_s) + 1
+
+
+def pipeline_deadline_s(groups: list[Group], total_microbatches: int) -> float | None:
+    """Least common deadline by which the groups finish ``total_microbatches`` (each replica at
+    least one), or None when there are more replicas than microbatches."""
+    replicas = sum(g.count for g in groups)
+    if replicas == 0 or replicas > total_microbatches:
+        return None
+    lo = max(g.template.sum_s for g in groups)  # every replica runs at least one microbatch
+    if sum(g.count * _microbatches_by(g.template, lo) for g in groups) >= total_microbatches:
+        return lo
+    hi = lo + total_microbatches * max(g.template.bottleneck_s for g in groups)
+    for _ in range(_BISECTIONS):
+        mid = (lo + hi) / 2
+        done = sum(g.count * _microbatches_by(g.template, mid) for g in groups)
+        if done >= total_microbatches:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return hi
+
+
+def assign_microbatches(groups: list[Group], total_microbatches: int) -> list[list[int]]:
+    """Microbatches per replica, group by group, adding up to ``total_microbatches``."""
+    deadline = pipeline_deadline_s(groups, total_microbatches)
+    if deadline is None:
+        raise ValueError("more replicas than microbatches")
+    counts = [[_microbatches_by(g.template, deadline)] * g.count for g in groups]
+    excess = sum(map(sum, counts)) - total_microbatches
+    # Trim the excess from the replicas that would finish last, one microbatch at a time;
+    # ties go to the later group and replica, deterministically.
+    heap = [
+        (-_finish_s(groups[gi].template, m), -gi, -ri)
+        for gi, row in enumerate(counts)
+        for ri, m in enumerate(row)
+        if m > 1
+    ]
+    heapq.heapify(heap)
+    while excess > 0:
+        _, neg_gi, neg_ri = heapq.heappop(heap)
+        gi, ri = -neg_gi, -neg_ri
+        counts[gi][ri] -= 1
+        excess -= 1
+        if counts[gi][ri] > 1:
+            finish = _finish_s(groups[gi].template, counts[gi][ri])
+            heapq.heappush(heap, (-finish, neg_gi, neg_ri))
+    return counts
+
+
+def _finish_s(template: Template, microbatches: int) -> float:
+    return (microbatches - 1) * template.bottleneck_s + template.sum_s
+
+
+def allreduce_bandwidth(groups: list[Group], infos: dict[str, TypeInfo]) -> float:
+    """Slowest link among all replicas: intra-node if every replica sits on one node."""
+    used = {name for g in groups for name in g.template.usage}
+    devices = sum(g.count * g.template.num_devices for g in groups)
+    if len(used) == 1:
+        info = infos[next(iter(used))]
+        if devices <= info.devices_per_node:
+            return info.intra_node_bandwidth_bytes_per_s
+    return min(infos[name].network_share_bytes_per_s for name in used)
+
+
+def selection_step_s(
+    groups: list[Group], global_batch_size: int, infos: dict[str, TypeInfo]
+) -> float | None:
+    """Predicted step time of instantiating ``groups`` (None if infeasible)."""
+    groups = [g for g in groups if g.count > 0]
+    if not groups:
+        return None
+    mbs = groups[0].template.microbatch_size
+    deadline = pipeline_deadline_s(groups, math.ceil(global_batch_size / mbs))
+    if deadline is None:
+        return None
+    pipeline_s = max(_finish_s(g.template, _microbatches_by(g.template, deadline)) for g in groups)
+    replicas = sum(g.count for g in groups)
+    bandwidth = allreduce_bandwidth(groups, infos)
+    tail_s = max(
+        comm.ring_allreduce_s(nbytes, replicas, bandwidth) + update_s
+        for g in groups
+        for nbytes, update_s in zip(g.template.grad_bytes, g.template.update_s, strict=True)
+    )
+    return pipeline_s + tail_s

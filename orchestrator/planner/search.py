@@ -1,0 +1,209 @@
+"""``make_plan``: the fastest plan that fits, with the fluid bound and two baselines beside it.
+
+For each candidate microbatch size, :class:`~orchestrator.planner.selection.SelectionSearch`
+chooses templates and replica counts; the best selection is placed on nodes and costed by the
+full cost model. The two baselines (uniform data parallel, the way Ray Train and torchrun run,
+and the best plan on the fastest device type alone) are costed by the same model, and the chosen
+plan is never worse than either. Deterministic: inputs are sorted, ties broken on explicit keys,
+no hashing of strings decides anything.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from orchestrator.costmodel import (
+    CostTables,
+    Estimate,
+    FluidBound,
+    estimate_with_tables,
+    fluid_bound,
+)
+from orchestrator.errors import InfeasibleError
+from orchestrator.planner.placement import place
+from orchestrator.planner.selection import SearchConfig, Selection, SelectionSearch
+from orchestrator.planner.templates import TypeInfo, type_infos
+from orchestrator.spec.cluster import Cluster
+from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.plan import Plan, ReplicaSpec, StageSpec
+from orchestrator.spec.profiles import ProfileSet
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    plan: Plan | None
+    estimate: Estimate | None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """The chosen plan with its estimate, the bound and the baselines."""
+
+    plan: Plan
+    estimate: Estimate
+    bound: FluidBound
+    baselines: dict[str, Baseline]
+    search_time_s: float
+    estimated_device_types: tuple[str, ...] = field(default=())
+
+    @property
+    def bound_step_time_s(self) -> float:
+        return self.bound.step_time_s
+
+    @property
+    def bound_ratio(self) -> float:
+        """Predicted step time over the fluid bound (>= 1)."""
+        return self.estimate.step_time_s / self.bound.step_time_s
+
+
+def _microbatch_sizes(training: TrainingSpec) -> list[int]:
+    return sorted({m for m in training.microbatch_sizes if m <= training.global_batch_size})
+
+
+def _best_selection(
+    tables: CostTables,
+    infos: dict[str, TypeInfo],
+    training: TrainingSpec,
+    config: SearchConfig,
+    device_types: list[str] | None = None,
+) -> Selection | None:
+    best: Selection | None = None
+    for mbs in _microbatch_sizes(training):
+        search = SelectionSearch(tables, infos, training.global_batch_size, mbs, config)
+        found = search.run(device_types)
+        if found is not None and (best is None or found.key < best.key):
+            best = found
+    return best
+
+
+def _costed(plan: Plan, cluster: Cluster, tables: CostTables) -> tuple[Plan, Estimate]:
+    return plan, estimate_with_tables(plan, cluster, tables)
+
+
+def uniform_data_parallel(
+    cluster: Cluster, tables: CostTables, global_batch_size: int, microbatch_size: int
+) -> Baseline:
+    """Every device a whole replica with the same batch (remainder one sample each to the first)."""
+    name = "uniform_data_parallel"
+    devices = [(n.name, n.device_type.name) for n in cluster.nodes for _ in range(n.num_devices)]
+    if global_batch_size < len(devices):
+        return Baseline(
+            name, None, None, f"global batch {global_batch_size} < {len(devices)} devices"
+        )
+    share, extra = divmod(global_batch_size, len(devices))
+    layers = tables.model.num_planner_layers
+    replicas = tuple(
+        ReplicaSpec(
+            batch_size=share + (1 if i < extra else 0),
+            stages=(StageSpec(layers=(0, layers), device_type=t, tp=1, node=node),),
+        )
+        for i, (node, t) in enumerate(devices)
+    )
+    plan = Plan(
+        global_batch_size=global_batch_size,
+        microbatch_size=min(microbatch_size, share),
+        replicas=replicas,
+    )
+    estimate = estimate_with_tables(plan, cluster, tables)
+    if not estimate.fits:
+        short = estimate.memory_shortfall_by_type()
+        worst = max(sorted(short), key=lambda t: short[t])
+        return Baseline(
+            name, plan, None, f"does not fit: {worst} short by {short[worst] / GiB:.1f} GiB"
+        )
+    return Baseline(name, plan, estimate)
+
+
+def _shortfall_message(tables: CostTables, infos: dict[str, TypeInfo]) -> str:
+    """How much memory is missing per device type for the leanest imaginable split."""
+    model = tables.model
+    parts = []
+    for name, info in sorted(infos.items()):
+        tp = max(info.tp_options)
+        table = tables.table(name, min(tables.training.microbatch_sizes), tp)
+        depth = min(info.num_devices // tp, model.num_planner_layers)
+        # Best case: state spread evenly over `depth` stages; any stage holds at least one whole
+        # layer with one microbatch in flight.
+        need = max(
+            table.state_bytes(0, model.num_planner_layers) / depth,
+            max(table.memory_bytes(i, i + 1, 1) for i in range(model.num_planner_layers)),
+        )
+        missing_gib = max(need - info.memory_cap_bytes, 0) / GiB
+        parts.append(
+            f"{name}: needs >= {need / GiB:.1f} GiB per device over {depth} stages x tp {tp}, "
+            f"has {info.memory_cap_bytes / GiB:.1f} GiB usable (missing {missing_gib:.1f} GiB)"
+        )
+    return "; ".join(parts)
+
+
+def make_plan(
+    cluster: Cluster,
+    model: ModelSpec,
+    training: TrainingSpec,
+    profiles: ProfileSet | None = None,
+    config: SearchConfig | None = None,
+) -> PlanResult:
+    """Choose the fastest memory-feasible plan for ``model`` on ``cluster``.
+
+    Raises :class:`~orchestrator.errors.InfeasibleError` when nothing fits, saying how much
+    memory is missing on which device type.
+    """
+    started = time.perf_counter()
+    config = config or SearchConfig()
+    tables = CostTables.for_cluster(model, training, cluster, profiles)
+    infos = type_infos(cluster, model, training)
+    bound = fluid_bound(
+        tables,
+        cluster.device_counts,
+        {d: list(i.tp_options) for d, i in infos.items()},
+        training.global_batch_size,
+    )
+    chosen = _best_selection(tables, infos, training, config)
+    if chosen is None:
+        raise InfeasibleError(
+            f"no plan for {model.name} fits this cluster: {_shortfall_message(tables, infos)}",
+            fix="add devices with more memory, shorten sequence_length, or lower microbatch_sizes",
+        )
+    candidates = [
+        _costed(place(list(chosen.groups), cluster, training.global_batch_size), cluster, tables)
+    ]
+
+    fastest = max(sorted(bound.samples_per_s_by_type), key=lambda d: bound.samples_per_s_by_type[d])
+    only = _best_selection(tables, infos, training, config, [fastest])
+    if only is None:
+        fastest_baseline = Baseline(
+            "fastest_type_only", None, None, f"the model does not fit on {fastest} alone"
+        )
+    else:
+        plan, est = _costed(
+            place(list(only.groups), cluster, training.global_batch_size), cluster, tables
+        )
+        fastest_baseline = Baseline("fastest_type_only", plan, est, f"{fastest} only")
+        candidates.append((plan, est))
+    uniform = uniform_data_parallel(
+        cluster, tables, training.global_batch_size, min(_microbatch_sizes(training))
+    )
+    if uniform.plan is not None and uniform.estimate is not None:
+        candidates.append((uniform.plan, uniform.estimate))
+
+    plan, estimate = min(
+        (c for c in candidates if c[1].fits), key=lambda c: (c[1].step_time_s, c[0].to_json())
+    )
+    if estimate.step_time_s < bound.step_time_s * (1 - 1e-9):
+        raise AssertionError(
+            f"cost model bug: estimate {estimate.step_time_s:.6g} s is below the fluid bound "
+            f"{bound.step_time_s:.6g} s"
+        )
+    return PlanResult(
+        plan=plan,
+        estimate=estimate,
+        bound=bound,
+        baselines={"uniform_data_parallel": uniform, "fastest_type_only": fastest_baseline},
+        search_time_s=time.perf_counter() - started,
+        estimated_device_types=estimate.estimated_device_types,
+    )

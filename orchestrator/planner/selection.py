@@ -1,0 +1,183 @@
+"""Choosing how many replicas of which templates to run, for one microbatch size.
+
+The space: every device type may run replicas of one or two single-type templates, and pairs of
+types may share two-type replicas. Per type, the few templates that do best alone are kept; their
+combinations across types are enumerated when few, else improved by coordinate descent. Leftover
+devices are then offered a second template, and two-type replicas are tried on top. Each candidate
+is scored by :func:`~orchestrator.planner.batching.selection_step_s` (water-filled batch shares,
+all-reduce, optimizer), which costs O(number of templates), not O(number of replicas).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from orchestrator.costmodel.tables import CostTables
+from orchestrator.planner.batching import Group, selection_step_s
+from orchestrator.planner.templates import (
+    Template,
+    TypeInfo,
+    homogeneous_templates,
+    mixed_templates,
+)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Knobs that trade search time for coverage (defaults meet the speed targets)."""
+
+    keep_per_type: int = 4
+    max_enumerated_combinations: int = 256
+    descent_rounds: int = 4
+    mixed: bool = True
+    max_mixed_depth_each: int = 8
+    # Two-type replicas are tried when some type cannot hold the model alone, or when the cluster
+    # is at most this large (beyond it, whole single-type replicas with uneven batch shares reach
+    # the same speed and the extra candidates only cost search time).
+    mixed_device_limit: int = 64
+
+
+@dataclass(frozen=True)
+class Selection:
+    groups: tuple[Group, ...]
+    step_s: float
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        return (self.step_s, tuple((g.template.key, g.count) for g in self.groups))
+
+
+def _score(groups: list[Group], batch: int, infos: dict[str, TypeInfo]) -> Selection | None:
+    live = sorted((g for g in groups if g.count > 0), key=lambda g: g.template.key)
+    step = selection_step_s(live, batch, infos)
+    return None if step is None else Selection(tuple(live), step)
+
+
+def _better(a: Selection | None, b: Selection | None) -> Selection | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if a.key <= b.key else b
+
+
+def _fit_counts(groups: list[Group], free: dict[str, int]) -> list[Group]:
+    """Reduce group counts, in order, so their device usage fits ``free``."""
+    left = dict(free)
+    out = []
+    for g in groups:
+        count = min([g.count] + [left.get(name, 0) // n for name, n in g.template.usage.items()])
+        for name, n in g.template.usage.items():
+            left[name] = left.get(name, 0) - count * n
+        out.append(Group(g.template, count))
+    return out
+
+
+class SelectionSearch:
+    """Search over template selections for one microbatch size."""
+
+    def __init__(
+        self,
+        tables: CostTables,
+        infos: dict[str, TypeInfo],
+        global_batch_size: int,
+        microbatch_size: int,
+        config: SearchConfig,
+    ) -> None:
+        self.tables, self.infos, self.config = tables, infos, config
+        self.batch, self.mbs = global_batch_size, microbatch_size
+        self.max_replicas = -(-global_batch_size // microbatch_size)
+        self.homogeneous = {
+            d: homogeneous_templates(tables, infos, d, microbatch_size) for d in sorted(infos)
+        }
+
+    def _alone(self, template: Template) -> Group:
+        info = self.infos[template.stage_types[0][0]]
+        return Group(template, min(info.num_devices // template.num_devices, self.max_replicas))
+
+    def _options(self, device_type: str) -> list[Group | None]:
+        """``None`` (type unused) plus the templates that do best on this type alone."""
+        scored = []
+        for t in self.homogeneous[device_type]:
+            sel = _score([self._alone(t)], self.batch, self.infos)
+            if sel is not None:
+                scored.append(sel)
+        scored.sort(key=lambda s: s.key)
+        return [None, *(s.groups[0] for s in scored[: self.config.keep_per_type])]
+
+    def _combine(self, options: dict[str, list[Group | None]]) -> Selection | None:
+        types = sorted(options)
+        sizes = [len(options[d]) for d in types]
+        total = 1
+        for n in sizes:
+            total *= n
+        best: Selection | None = None
+        if total <= self.config.max_enumerated_combinations:
+            for combo in itertools.product(*(options[d] for d in types)):
+                best = _better(best, _score([g for g in combo if g], self.batch, self.infos))
+            return best
+        # Coordinate descent from every type's best-alone template.
+        choice = {d: (1 if len(options[d]) > 1 else 0) for d in types}
+        best = _score([g for d in types if (g := options[d][choice[d]])], self.batch, self.infos)
+        for _ in range(self.config.descent_rounds):
+            improved = False
+            for d in types:
+                for i in range(len(options[d])):
+                    trial = dict(choice, **{d: i})
+                    groups = [g for t in types if (g := options[t][trial[t]])]
+                    found = _better(best, _score(groups, self.batch, self.infos))
+                    if found is not best:
+                        best, choice, improved = found, trial, True
+            if not improved:
+                break
+        return best
+
+    def _fill_leftovers(self, sel: Selection, types: list[str]) -> Selection:
+        """Offer devices the chosen templates leave unused a second, smaller template."""
+        best = sel
+        for d in types:
+            used = sum(g.count * g.template.usage.get(d, 0) for g in best.groups)
+            left = self.infos[d].num_devices - used
+            for t in self.homogeneous[d]:
+                if t.num_devices <= left:
+                    extra = Group(t, left // t.num_devices)
+                    best = (
+                        _better(best, _score([*best.groups, extra], self.batch, self.infos)) or best
+                    )
+        return best
+
+    def _with_mixed(self, sel: Selection | None) -> Selection | None:
+        cfg = self.config
+        total_devices = sum(i.num_devices for i in self.infos.values())
+        stranded = any(not self.homogeneous[d] for d in self.infos)
+        if (
+            not cfg.mixed
+            or len(self.infos) < 2
+            or not (stranded or total_devices <= cfg.mixed_device_limit)
+        ):
+            return sel
+        base = list(sel.groups) if sel else []
+        best = sel
+        free = {d: i.num_devices for d, i in self.infos.items()}
+        for first, second in itertools.permutations(sorted(self.infos), 2):
+            for t in mixed_templates(
+                self.tables, self.infos, first, second, self.mbs, cfg.max_mixed_depth_each
+            ):
+                most = min(free[d] // n for d, n in t.usage.items())
+                for count in sorted({1, 2, 4, 8, 16, most} & set(range(1, most + 1))):
+                    left = {d: free[d] - count * t.usage.get(d, 0) for d in free}
+                    groups = [Group(t, count), *_fit_counts(base, left)]
+                    best = _better(best, _score(groups, self.batch, self.infos))
+        return best
+
+    def run(self, device_types: list[str] | None = None) -> Selection | None:
+        """Best selection using only ``device_types`` (default: all present)."""
+        types = sorted(device_types or self.infos)
+        options = {d: self._options(d) for d in types}
+        best = self._combine(options)
+        if best is not None:
+            best = self._fill_leftovers(best, types)
+        if device_types is None:
+            best = self._with_mixed(best)
+        return best

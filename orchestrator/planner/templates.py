@@ -1,0 +1,190 @@
+"""Replica templates: a pipeline shape with its layer split solved, and the cluster facts used.
+
+A template is "stages of these (device type, tp) pairs, in this order, at this microbatch size"
+plus its exact layer split and per-stage timings. The search instantiates templates as many times
+as devices allow; identical replicas share one template, so choosing among thousands of replicas
+costs no more than choosing among a handful of templates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.costmodel import comm
+from orchestrator.costmodel.tables import CostTables
+from orchestrator.planner.partition import Split, StageCosts, split_layers
+from orchestrator.spec.cluster import Cluster
+from orchestrator.spec.model import ModelSpec, TrainingSpec
+
+# Pipeline depths tried; uneven splits make any depth usable, this list keeps the search small
+# while covering the powers of two and the depths between them.
+PIPELINE_DEPTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
+
+
+@dataclass(frozen=True)
+class TypeInfo:
+    """Cluster facts about one device type, conservative where its nodes differ."""
+
+    name: str
+    num_devices: int
+    devices_per_node: int  # the smallest node of this type
+    intra_node_bandwidth_bytes_per_s: float
+    network_share_bytes_per_s: float  # one device's share of its node's network (slowest node)
+    memory_cap_bytes: float
+    tp_options: tuple[int, ...]
+
+
+def type_infos(cluster: Cluster, model: ModelSpec, training: TrainingSpec) -> dict[str, TypeInfo]:
+    """One :class:`TypeInfo` per device type in the cluster, keyed and ordered by name."""
+    out: dict[str, TypeInfo] = {}
+    for name in sorted(cluster.device_types):
+        nodes = cluster.nodes_of_type(name)
+        per_node = min(n.num_devices for n in nodes)
+        # tp: powers of two that divide every node of the type and the attention heads.
+        tps = tuple(
+            t
+            for t in (1, 2, 4, 8, 16)
+            if t <= training.max_tensor_parallel
+            and all(n.num_devices % t == 0 for n in nodes)
+            and model.num_heads % t == 0
+        )
+        out[name] = TypeInfo(
+            name=name,
+            num_devices=sum(n.num_devices for n in nodes),
+            devices_per_node=per_node,
+            intra_node_bandwidth_bytes_per_s=min(n.intra_node_bandwidth_bytes_per_s for n in nodes),
+            network_share_bytes_per_s=min(n.network_share_bytes_per_s for n in nodes),
+            memory_cap_bytes=float(cluster.device_types[name].usable_memory_bytes),
+            tp_options=tps,
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Template:
+    """A replica shape with its split solved."""
+
+    microbatch_size: int
+    stage_types: tuple[tuple[str, int], ...]  # (device type, tp) per stage, in pipeline order
+    split: Split
+    update_s: tuple[float, ...]  # optimizer seconds per stage
+    grad_bytes: tuple[float, ...]  # gradient bytes each stage's devices all-reduce
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """Total order used to break ties deterministically."""
+        return (self.microbatch_size, self.stage_types, self.split.boundaries)
+
+    @property
+    def num_devices(self) -> int:
+        return sum(tp for _, tp in self.stage_types)
+
+    @property
+    def usage(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name, tp in self.stage_types:
+            out[name] = out.get(name, 0) + tp
+        return out
+
+    @property
+    def bottleneck_s(self) -> float:
+        return self.split.bottleneck_s
+
+    @property
+    def sum_s(self) -> float:
+        return sum(self.split.stage_s)
+
+
+def _p2p_bandwidth(a: TypeInfo, b: TypeInfo, stage_types: tuple[tuple[str, int], ...]) -> float:
+    """Bandwidth between consecutive stages: intra-node when the whole replica fits one node."""
+    total = sum(tp for _, tp in stage_types)
+    if a.name == b.name and len({n for n, _ in stage_types}) == 1 and total <= a.devices_per_node:
+        return a.intra_node_bandwidth_bytes_per_s
+    return min(a.network_share_bytes_per_s, b.network_share_bytes_per_s)
+
+
+def build_template(
+    tables: CostTables,
+    infos: dict[str, TypeInfo],
+    stage_types: tuple[tuple[str, int], ...],
+    microbatch_size: int,
+) -> Template | None:
+    """Solve the split for this shape; None if it cannot fit in memory."""
+    model = tables.model
+    p = len(stage_types)
+    act_bytes = comm.boundary_activation_bytes(model, microbatch_size)
+    stages: list[StageCosts] = []
+    for s, (name, tp) in enumerate(stage_types):
+        comm_s = 0.0
+        if s + 1 < p:
+            bw = _p2p_bandwidth(infos[name], infos[stage_types[s + 1][0]], stage_types)
+            comm_s += comm.p2p_s(act_bytes, bw)
+        if s > 0:
+            bw = _p2p_bandwidth(infos[stage_types[s - 1][0]], infos[name], stage_types)
+            comm_s += comm.p2p_s(act_bytes, bw)
+        stages.append(
+            StageCosts(
+                table=tables.table(name, microbatch_size, tp),
+                comm_s=comm_s,
+                in_flight=p - s,  # 1F1B peak, assuming at least p microbatches
+                memory_cap_bytes=infos[name].memory_cap_bytes,
+            )
+        )
+    split = split_layers(stages, model.num_planner_layers)
+    if split is None:
+        return None
+    grad_per_param = tables.training.grad_bytes_per_param(model.dtype)
+    b = split.boundaries
+    update_s = tuple(st.table.update_s(b[i], b[i + 1]) for i, st in enumerate(stages))
+    grad_bytes = tuple(
+        sum(model.layer_params(layer) for layer in range(b[i], b[i + 1])) * grad_per_param / tp
+        for i, (_, tp) in enumerate(stage_types)
+    )
+    return Template(microbatch_size, stage_types, split, update_s, grad_bytes)
+
+
+def homogeneous_templates(
+    tables: CostTables, infos: dict[str, TypeInfo], device_type: str, microbatch_size: int
+) -> list[Template]:
+    """Every feasible single-type pipeline shape for ``device_type``."""
+    info = infos[device_type]
+    limit = tables.training.max_pipeline_stages or tables.model.num_planner_layers
+    out = []
+    for tp in info.tp_options:
+        for p in PIPELINE_DEPTHS:
+            if p > limit or p * tp > info.num_devices or p > tables.model.num_planner_layers:
+                break
+            t = build_template(tables, infos, ((device_type, tp),) * p, microbatch_size)
+            if t is not None:
+                out.append(t)
+    return out
+
+
+def mixed_templates(
+    tables: CostTables,
+    infos: dict[str, TypeInfo],
+    first: str,
+    second: str,
+    microbatch_size: int,
+    max_depth_each: int,
+) -> list[Template]:
+    """Two-type pipelines: ``p1`` stages of ``first`` (tp 1) then ``p2`` of ``second`` (tp 1).
+
+    Order matters for memory: under 1F1B the early stages hold the most activations, so trying
+    both orders lets memory-rich types take the front where that helps.
+    """
+    limit = tables.training.max_pipeline_stages or tables.model.num_planner_layers
+    out = []
+    for p1 in PIPELINE_DEPTHS:
+        if p1 > min(max_depth_each, infos[first].num_devices):
+            break
+        for p2 in PIPELINE_DEPTHS:
+            if p2 > min(max_depth_each, infos[second].num_devices) or p1 + p2 > limit:
+                break
+            if p1 + p2 > tables.model.num_planner_layers:
+                break
+            shape = ((first, 1),) * p1 + ((second, 1),) * p2
+            t = build_template(tables, infos, shape, microbatch_size)
+            if t is not None:
+                out.append(t)
+    return out
