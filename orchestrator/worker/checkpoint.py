@@ -1,0 +1,277 @@
+"""Layer-indexed, atomic checkpoints with a manifest.
+
+Layout under a checkpoint root::
+
+    step-00000120/
+        manifest.json          # format, step, plan, layers, sha256 of every file
+        layer-0000.pt          # {"params": state_dict, "optimizer": state_dict} of planner layer 0
+        layer-0001.pt
+        ...
+    .tmp-step-00000140-<pid>-<hex>/   # being written; never read, removed when stale
+
+Each planner layer's parameters and optimizer state sit under its layer index, so a plan with
+other stage boundaries resumes from them. A checkpoint is written into a temporary directory,
+files are fsynced, the manifest is written last, and one ``rename`` publishes the directory: a
+reader sees a whole checkpoint or none. A re-save of an existing step publishes the new copy
+before the old one is removed, so nothing is ever half-overwritten. On load, a checkpoint whose
+manifest is missing or unreadable, or whose files are missing or fail their checksum, is
+reported (``CheckpointProblem``) and the previous good one is used.
+
+Writers: the driver can gather ``get_layer_states()`` from the ranks and call
+:func:`save_checkpoint`; or each rank writes its own layers into a staging directory
+(:func:`begin_checkpoint`, :func:`write_layers`) and one process calls :func:`commit_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import PermanentError
+from orchestrator.spec.plan import Plan
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = "orchestrator-checkpoint/v1"
+MANIFEST = "manifest.json"
+STEP_PREFIX = "step-"
+TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(PermanentError):
+    """No usable checkpoint where one was required, or a checkpoint cannot be written."""
+
+
+@dataclass(frozen=True)
+class CheckpointProblem:
+    """A checkpoint that was skipped, and why."""
+
+    path: Path
+    reason: str
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A verified checkpoint, loaded."""
+
+    path: Path
+    step: int
+    plan: Plan | None
+    layer_states: dict[int, dict[str, Any]]
+    skipped: tuple[CheckpointProblem, ...] = field(default=())  # newer ones found bad
+
+
+def step_dir_name(step: int) -> str:
+    return f"{STEP_PREFIX}{step:08d}"
+
+
+def layer_file_name(layer: int) -> str:
+    return f"layer-{layer:04d}.pt"
+
+
+def begin_checkpoint(root: Path, step: int) -> Path:
+    """Create and return a fresh staging directory for ``step`` under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    staging = root / f"{TMP_PREFIX}{step_dir_name(step)}-{os.getpid()}-{secrets.token_hex(4)}"
+    staging.mkdir()
+    return staging
+
+
+def write_layers(staging: Path, layer_states: dict[int, dict[str, Any]]) -> None:
+    """Write each layer's state to ``staging/layer-NNNN.pt`` (temp name, fsync, rename)."""
+    import torch  # lazily: the driver may only read manifests
+
+    for layer, state in sorted(layer_states.items()):
+        final = staging / layer_file_name(layer)
+        tmp = final.with_name(final.name + ".part")
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.rename(final)
+
+
+def commit_checkpoint(
+    root: Path, staging: Path, step: int, plan: Plan | None, num_layers: int, keep_last: int = 3
+) -> Path:
+    """Check that all ``num_layers`` layer files are staged, write the manifest, publish."""
+    missing = [i for i in range(num_layers) if not (staging / layer_file_name(i)).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint of step {step} lacks layer files {missing} in {staging}; not published"
+        )
+    files = {p.name: _sha256(p) for p in sorted(staging.glob("layer-*.pt"))}
+    manifest = {
+        "format": CHECKPOINT_FORMAT,
+        "step": step,
+        "num_layers": num_layers,
+        "plan": json.loads(plan.to_json()) if plan is not None else None,
+        "files": files,
+    }
+    _write_file_atomically(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+    _fsync_dir(staging)
+    final = root / step_dir_name(step)
+    _publish(staging, final)
+    prune(root, keep_last)
+    return final
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    layer_states: dict[int, dict[str, Any]],
+    plan: Plan | None = None,
+    keep_last: int = 3,
+) -> Path:
+    """Write a whole checkpoint of ``layer_states`` (every planner layer) for ``step``."""
+    staging = begin_checkpoint(root, step)
+    try:
+        write_layers(staging, layer_states)
+        return commit_checkpoint(root, staging, step, plan, len(layer_states), keep_last)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Published checkpoint directories, newest step first."""
+    if not root.is_dir():
+        return []
+    dirs = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX)]
+    return sorted(dirs, key=lambda p: p.name, reverse=True)
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """Return the manifest of ``path`` if every file is present and matches its checksum."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no {MANIFEST} (partial checkpoint)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {exc}") from None
+    if manifest.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: format {manifest.get('format')!r}, not {CHECKPOINT_FORMAT}")
+    for name, digest in sorted(manifest["files"].items()):
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{path}: {name} is missing")
+        if _sha256(file) != digest:
+            raise CheckpointError(f"{path}: {name} fails its sha256 checksum (corrupt)")
+    expected = {layer_file_name(i) for i in range(manifest["num_layers"])}
+    if not expected <= set(manifest["files"]):
+        raise CheckpointError(f"{path}: manifest lists too few layer files")
+    return dict(manifest)
+
+
+def load_latest(root: Path) -> Checkpoint | None:
+    """The newest checkpoint that verifies; bad newer ones are logged and listed in ``skipped``.
+
+    Returns None when ``root`` holds no checkpoint at all; raises :class:`CheckpointError` when
+    it holds some but none verifies.
+    """
+    problems: list[CheckpointProblem] = []
+    candidates = list_checkpoints(root)
+    for path in candidates:
+        try:
+            manifest = verify(path)
+            states = _read_layers(path, manifest["num_layers"])
+        except CheckpointError as exc:
+            log.warning("skipping checkpoint: %s", exc)
+            problems.append(CheckpointProblem(path=path, reason=str(exc)))
+            continue
+        plan = Plan.model_validate(manifest["plan"]) if manifest.get("plan") else None
+        return Checkpoint(path, manifest["step"], plan, states, tuple(problems))
+    if candidates:
+        reasons = "; ".join(p.reason for p in problems)
+        raise CheckpointError(f"no usable checkpoint under {root}: {reasons}")
+    return None
+
+
+def prune(root: Path, keep_last: int) -> None:
+    """Keep the newest ``keep_last`` good checkpoints; remove older ones and stale staging dirs."""
+    good = 0
+    for path in list_checkpoints(root):
+        try:
+            verify(path)
+        except CheckpointError:
+            continue  # keep bad ones for inspection; they are skipped on load
+        good += 1
+        if good > keep_last:
+            shutil.rmtree(path, ignore_errors=True)
+    for tmp in root.glob(f"{TMP_PREFIX}*"):
+        if tmp.is_dir() and not _owned_by_live_process(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read_layers(path: Path, num_layers: int) -> dict[int, dict[str, Any]]:
+    import torch
+
+    states: dict[int, dict[str, Any]] = {}
+    for i in range(num_layers):
+        try:
+            states[i] = torch.load(path / layer_file_name(i), weights_only=True)
+        except Exception as exc:  # a file that verifies but will not load is corrupt too
+            raise CheckpointError(f"{path}: {layer_file_name(i)} does not load: {exc}") from None
+    return states
+
+
+def _publish(staging: Path, final: Path) -> None:
+    if not final.exists():
+        staging.rename(final)
+        _fsync_dir(final.parent)
+        return
+    # Re-save of a step: move the old copy aside, publish the new one, then drop the old.
+    aside = final.with_name(f"{TMP_PREFIX}old-{final.name}-{os.getpid()}-{secrets.token_hex(4)}")
+    final.rename(aside)
+    staging.rename(final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _owned_by_live_process(tmp: Path) -> bool:
+    parts = tmp.name.split("-")
+    try:
+        pid = int(parts[-2])
+    except (IndexError, ValueError):
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_file_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.rename(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,109 @@
+"""Deterministic training data: the global batch of step ``k`` is a function of (seed, k).
+
+Every rank draws the same global batch and takes its replica's slice
+(``replica_sample_offset``, ``replica_batch_size``), so a plan with any batch shares trains on
+exactly the samples single-process training sees. Only the first stage needs inputs and only
+the last needs targets; both read them locally, so nothing but activations crosses the network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from orchestrator.errors import SpecError
+from orchestrator.worker.model_api import load_factory
+
+BUILTIN_CORPUS = "kjv-genesis.txt"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where samples come from.
+
+    ``dataset_factory`` (``"module:function"``, called with ``sequence_length`` and ``seed`` and
+    ``dataset_kwargs``) takes precedence; otherwise a byte-level corpus file (``corpus_path``, or
+    the corpus shipped in the package when None) is cut into windows of ``sequence_length + 1``.
+    """
+
+    sequence_length: int
+    corpus_path: str | None = None
+    dataset_factory: str | None = None
+    dataset_kwargs: tuple[tuple[str, Any], ...] = ()
+
+
+@runtime_checkable
+class Dataset(Protocol):
+    """Yields the slice ``[start, start + count)`` of step ``step``'s global batch."""
+
+    def batch(
+        self, step: int, global_batch_size: int, start: int, count: int
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def builtin_corpus_bytes() -> bytes:
+    """The public-domain corpus shipped with the package (see orchestrator/data/corpus/)."""
+    corpus_dir = Path(__file__).resolve().parent.parent / "data" / "corpus"
+    return (corpus_dir / BUILTIN_CORPUS).read_bytes()
+
+
+class CorpusDataset:
+    """Random windows of a byte corpus: input bytes and the next bytes as targets."""
+
+    def __init__(self, data: bytes, sequence_length: int, seed: int = 0) -> None:
+        if len(data) < sequence_length + 2:
+            raise SpecError(
+                f"corpus has {len(data)} bytes, fewer than sequence_length + 2 "
+                f"({sequence_length + 2})",
+                field="data.corpus",
+                fix="use a longer corpus or a shorter sequence_length",
+            )
+        self.tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+        self.sequence_length = sequence_length
+        self.seed = seed
+
+    def offsets(self, step: int, global_batch_size: int) -> torch.Tensor:
+        """Start offsets of the whole global batch of ``step`` (same on every rank)."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        high = len(self.tokens) - self.sequence_length - 1
+        return torch.randint(0, high, (global_batch_size,), generator=generator)
+
+    def batch(
+        self, step: int, global_batch_size: int, start: int, count: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = self.offsets(step, global_batch_size)[start : start + count]
+        window = torch.arange(self.sequence_length + 1)
+        rows = self.tokens[starts[:, None] + window[None, :]]
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+def make_dataset(config: DataConfig, seed: int = 0) -> Dataset:
+    """Build the dataset a :class:`DataConfig` names."""
+    if config.dataset_factory:
+        factory = load_factory(config.dataset_factory)
+        dataset = factory(
+            sequence_length=config.sequence_length, seed=seed, **dict(config.dataset_kwargs)
+        )
+        if not isinstance(dataset, Dataset):
+            raise SpecError(
+                f"dataset factory {config.dataset_factory!r} returned {type(dataset).__name__} "
+                "without a batch(step, global_batch_size, start, count) method",
+                field="data.dataset_factory",
+                fix="return an object with that method",
+            )
+        return dataset
+    if config.corpus_path is None:
+        return CorpusDataset(builtin_corpus_bytes(), config.sequence_length, seed)
+    path = Path(config.corpus_path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(
+            f"cannot read corpus {path}: {exc.strerror}",
+            field="data.corpus_path",
+            fix="point to a readable text file, or leave it empty for the built-in corpus",
+        ) from None
+    return CorpusDataset(data, config.sequence_length, seed)

@@ -1,0 +1,129 @@
+"""Ranks, neighbours, batch slices and all-reduce groups derived from literal plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.spec.plan import Plan
+from orchestrator.worker import topology
+from orchestrator.worker.schedule import (
+    BACKWARD,
+    FORWARD,
+    actions_for,
+    microbatch_sizes,
+    one_f_one_b,
+)
+
+
+def make_plan(replicas: list[tuple[int, list[tuple[tuple[int, int], str]]]], mbs: int = 1) -> Plan:
+    return Plan.model_validate(
+        {
+            "global_batch_size": sum(b for b, _ in replicas),
+            "microbatch_size": mbs,
+            "replicas": [
+                {
+                    "batch_size": b,
+                    "stages": [{"layers": list(layers), "device_type": d} for layers, d in stages],
+                }
+                for b, stages in replicas
+            ],
+        }
+    )
+
+
+# Replica 0 cuts 6 layers at 3, replica 1 at 2 and 4; 5:3 batch shares.
+SKEWED = make_plan(
+    [
+        (5, [((0, 3), "A100"), ((3, 6), "A100")]),
+        (3, [((0, 2), "T4"), ((2, 4), "T4"), ((4, 6), "L4")]),
+    ]
+)
+
+
+def test_ranks_are_replica_major_with_neighbours_and_slices() -> None:
+    specs = topology.ranks_for_plan(SKEWED)
+    assert [(s.rank, s.replica, s.stage) for s in specs] == [
+        (0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1), (4, 1, 2),
+    ]  # fmt: skip
+    assert [(s.prev_rank, s.next_rank) for s in specs] == [
+        (None, 1), (0, None), (None, 3), (2, 4), (3, None),
+    ]  # fmt: skip
+    # replica 0 takes samples [0, 5), replica 1 [5, 8)
+    assert [(s.replica_batch_size, s.replica_sample_offset) for s in specs] == [
+        (5, 0), (5, 0), (3, 5), (3, 5), (3, 5),
+    ]  # fmt: skip
+    assert specs[4].device_type == "L4"
+    assert specs[4].layers == (4, 6)
+    assert topology.world_size(SKEWED) == 5
+
+
+def test_layer_holders_one_rank_per_replica() -> None:
+    holders = topology.layer_holders(SKEWED)
+    assert holders == {0: (0, 2), 1: (0, 2), 2: (0, 3), 3: (1, 3), 4: (1, 4), 5: (1, 4)}
+
+
+def test_grad_groups_are_distinct_holder_sets_in_layer_order() -> None:
+    groups = topology.grad_groups(SKEWED)
+    assert [(g.ranks, g.layers) for g in groups] == [
+        ((0, 2), (0, 1)),
+        ((0, 3), (2,)),
+        ((1, 3), (3,)),
+        ((1, 4), (4, 5)),
+    ]
+    # every layer is in exactly one group
+    assert sorted(i for g in groups for i in g.layers) == list(range(6))
+
+
+def test_single_replica_needs_no_grad_groups() -> None:
+    plan = make_plan([(4, [((0, 1), "A"), ((1, 3), "A"), ((3, 4), "A")])])
+    assert topology.grad_groups(plan) == []
+    assert topology.checkpoint_writers(plan) == {0: 0, 1: 1, 2: 1, 3: 2}
+
+
+def test_checkpoint_writers_are_lowest_replica_holders() -> None:
+    assert topology.checkpoint_writers(SKEWED) == {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1}
+
+
+def test_tensor_parallel_stage_is_refused_with_field() -> None:
+    plan = Plan.model_validate(
+        {
+            "global_batch_size": 2,
+            "microbatch_size": 1,
+            "replicas": [
+                {"batch_size": 2, "stages": [{"layers": [0, 4], "device_type": "A", "tp": 2}]}
+            ],
+        }
+    )
+    with pytest.raises(SpecError, match=r"plan.replicas\[0\].stages\[0\].tp"):
+        topology.ranks_for_plan(plan)
+
+
+def test_microbatch_sizes_keep_every_sample() -> None:
+    assert microbatch_sizes(5, 2) == [2, 2, 1]
+    assert microbatch_sizes(4, 2) == [2, 2]
+    assert microbatch_sizes(1, 4) == [1]
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 3, 4])
+@pytest.mark.parametrize("num_mb", [1, 2, 3, 5])
+def test_1f1b_runs_each_microbatch_once_forward_first(num_stages: int, num_mb: int) -> None:
+    for stage in range(num_stages):
+        actions = one_f_one_b(num_mb, stage, num_stages)
+        forwards = [a for a in actions if a[0] == FORWARD]
+        assert sorted(forwards) == [(FORWARD, i) for i in range(num_mb)]
+        assert [a for a in actions if a[0] == BACKWARD] == [(BACKWARD, i) for i in range(num_mb)]
+        for i in range(num_mb):
+            assert actions.index((FORWARD, i)) < actions.index((BACKWARD, i))
+        # at most num_stages - stage microbatches in flight (the point of 1F1B)
+        in_flight = peak = 0
+        for kind, _ in actions:
+            in_flight += 1 if kind == FORWARD else -1
+            peak = max(peak, in_flight)
+        assert peak <= max(1, num_stages - stage)
+
+
+def test_last_stage_of_1f1b_alternates_and_gpipe_does_all_forwards_first() -> None:
+    assert one_f_one_b(3, 2, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
+    assert one_f_one_b(3, 0, 3) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
+    assert actions_for("gpipe", 2, 0, 3) == [("F", 0), ("F", 1), ("B", 1), ("B", 0)]
