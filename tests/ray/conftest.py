@@ -1,0 +1,49 @@
+"""One local multi-node Ray cluster shared by the tests of this folder (session scope).
+
+Nodes (fake GPUs, labels as a real cluster carries them; the head holds no work):
+
+- ``A100-80`` x 2 nodes, 2 GPUs each, labelled ``orchestrator.io/device-type`` and emulated speed 1.0
+- ``L4`` x 1 node, 2 GPUs, labelled with Ray's own ``ray.io/accelerator-type``, emulated speed 0.5
+
+Fake GPUs let placement exercise GPU bundles; no real GPU is present, so workers run torch on the
+CPU with gloo. Ray's health checks are shortened (platform-facts.md) so failures show fast.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+FAST_HEALTH_CHECKS = {
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_failure_threshold": "3",
+    "RAY_health_check_timeout_ms": "500",
+}
+
+A100_LABELS = {"orchestrator.io/device-type": "A100-80", "orchestrator.io/emulated-speed": "1.0"}
+L4_LABELS = {"ray.io/accelerator-type": "L4", "orchestrator.io/emulated-speed": "0.5"}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[object]:
+    """A head plus three labelled worker nodes; the test process is connected to it."""
+    os.environ.update(FAST_HEALTH_CHECKS)
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": False},
+    )
+    for _ in range(2):
+        cluster.add_node(num_cpus=2, num_gpus=2, labels=A100_LABELS)
+    cluster.add_node(num_cpus=2, num_gpus=2, labels=L4_LABELS)
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.wait_for_nodes()
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
