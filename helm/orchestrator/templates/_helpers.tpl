@@ -28,7 +28,7 @@ orchestrator.io/job: {{ include "orchestrator.fullname" . }}
 
 {{/* Whether the chart renders the RayCluster itself (else the operator does, from a HeteroTrainingJob). */}}
 {{- define "orchestrator.direct" -}}
-{{- if not (and .Values.operator.enabled .Values.operator.createJob) -}}true{{- end -}}
+{{- if and .Values.rayCluster.enabled (not (and .Values.operator.enabled .Values.operator.createJob)) -}}true{{- end -}}
 {{- end -}}
 
 {{- define "orchestrator.metricsPort" -}}
