@@ -87,7 +87,8 @@ def test_three_pools_give_three_worker_groups_with_device_labels() -> None:
 
 
 def test_gpu_product_can_be_overridden_per_pool() -> None:
-    objects = render(EXAMPLES / "one-pool.yaml", sets=("pools[0].gpuProduct=NVIDIA-A100-80GB-PCIe",))
+    override = "pools[0].gpuProduct=NVIDIA-A100-80GB-PCIe"
+    objects = render(EXAMPLES / "one-pool.yaml", sets=(override,))
     (cluster,) = by_kind(objects, "RayCluster")
     pod = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]
     assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-A100-80GB-PCIe"
@@ -96,7 +97,8 @@ def test_gpu_product_can_be_overridden_per_pool() -> None:
 def test_job_spec_is_mounted_and_run_by_the_rayjob() -> None:
     objects = render(EXAMPLES / "one-pool.yaml")
     values = yaml.safe_load((EXAMPLES / "one-pool.yaml").read_text())
-    (configmap,) = [c for c in by_kind(objects, "ConfigMap") if c["metadata"]["name"] == "llm-orchestrator-job"]
+    (configmap,) = [c for c in by_kind(objects, "ConfigMap")
+                    if c["metadata"]["name"] == "llm-orchestrator-job"]
     assert yaml.safe_load(configmap["data"]["job.yaml"]) == values["job"]
     (rayjob,) = by_kind(objects, "RayJob")
     assert rayjob["spec"]["entrypoint"] == "orchestrator run /etc/orchestrator/job.yaml"
