@@ -35,7 +35,7 @@ from orchestrator.runtime.discovery import (
 )
 from orchestrator.runtime.errors import WorkerFailedError, WorkerLostError, WorkerTimeoutError
 from orchestrator.runtime.placement import PlacedGroup, bundle_requests, place, slots_for_plan
-from orchestrator.runtime.validation import validate_plan_for_cluster
+from orchestrator.runtime.validation import validate_model_for_plan, validate_plan_for_cluster
 from orchestrator.spec.plan import Plan
 from orchestrator.worker.topology import RankSpec, layer_holders, ranks_for_plan
 
@@ -87,11 +87,15 @@ class WorkerGroup:
         plan: Plan,
         layer_states: Mapping[int, Mapping[str, Any]] | None = None,
         start_step: int = 0,
-        num_planner_layers: int | None = None,
     ) -> list[WorkerInfo]:
-        """Place and start the workers of ``plan``, join them, and load ``layer_states``."""
+        """Place and start the workers of ``plan``, join them, and load ``layer_states``.
+
+        Before any actor starts, the model factory is imported and checked against the plan, and
+        the plan against the live cluster: mistakes raise a one-line ``SpecError``.
+        """
         if self._actors:
             raise RuntimeError("launch() on a running group; stop() it first")
+        num_planner_layers = validate_model_for_plan(self.job, plan)
         self._nodes = discover_nodes()
         validate_plan_for_cluster(plan, self._nodes, num_planner_layers)
         self.plan, self.ranks = plan, ranks_for_plan(plan)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from orchestrator.runtime.actor import WorkerJob
 from orchestrator.runtime.discovery import RayNode, cluster_from_nodes
 from orchestrator.runtime.placement import bundle_requests, slots_for_plan
 from orchestrator.spec.plan import Plan
+from orchestrator.worker.model_api import build_model, check_layer_count
 from orchestrator.worker.topology import check_supported
 
 
@@ -25,3 +27,14 @@ def validate_plan_for_cluster(
         cluster.device_counts,
     )
     bundle_requests(slots_for_plan(plan), nodes)
+
+
+def validate_model_for_plan(job: WorkerJob, plan: Plan) -> int:
+    """Import and call the model factory here, and check its layer count against the plan.
+
+    Returns the model's planner-layer count. Building the model object is cheap: factories build
+    layers lazily (``build_layer``), so no parameters are allocated in the driver.
+    """
+    model = build_model(job.model_factory, dict(job.model_kwargs))
+    check_layer_count(model, plan.num_layers)
+    return model.num_planner_layers

@@ -2,7 +2,7 @@
 
 Nodes (fake GPUs, labels as a real cluster carries them; the head holds no work):
 
-- ``A100-80`` x 2 nodes, 2 GPUs each, labelled ``orchestrator.io/device-type`` and emulated speed 1.0
+- ``A100-80`` x 2 nodes, 2 GPUs each, labelled ``orchestrator.io/device-type``, emulated speed 1.0
 - ``L4`` x 1 node, 2 GPUs, labelled with Ray's own ``ray.io/accelerator-type``, emulated speed 0.5
 
 Fake GPUs let placement exercise GPU bundles; no real GPU is present, so workers run torch on the

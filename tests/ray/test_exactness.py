@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ray_plans import EXACTNESS_PLANS, GLOBAL_BATCH, NUM_PLANNER_LAYERS, tiny_job
 
 from orchestrator.runtime.group import WorkerGroup
 from orchestrator.worker.data import DataConfig
 from orchestrator.worker.reference import ReferenceTrainer
-from ray_plans import EXACTNESS_PLANS, GLOBAL_BATCH, NUM_PLANNER_LAYERS, tiny_job
 
 STEPS = 3
 RTOL = 1e-5
@@ -52,7 +52,7 @@ def test_plan_matches_single_process(ray_cluster: object, case: str, schedule: s
     plan = EXACTNESS_PLANS[case]
     group = WorkerGroup(tiny_job(schedule))
     try:
-        group.launch(plan, num_planner_layers=NUM_PLANNER_LAYERS)
+        group.launch(plan)
         losses = [group.step().loss for _ in range(STEPS)]
         states = group.fetch_layer_states()
     finally:
