@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Connect to a running job's controller and print its status.",
     )
     parser.add_argument(
-        "--address", default=DEFAULT_ADDRESS,
+        "--address",
+        default=DEFAULT_ADDRESS,
         help=f"the controller's telemetry endpoint, http://HOST:PORT (default {DEFAULT_ADDRESS})",
     )
     parser.add_argument("--json", action="store_true", help="print the status document as JSON")
@@ -46,7 +47,8 @@ def status_url(address: str) -> str:
     scheme = address.split("://", 1)[0]
     if scheme not in ("http", "https"):
         raise UserError(
-            f"{address!r} is not an HTTP address", field="--address",
+            f"{address!r} is not an HTTP address",
+            field="--address",
             fix="give the controller's telemetry endpoint, e.g. http://10.0.0.5:9469",
         )
     for suffix in ("/metrics", "/v1/status"):
@@ -75,8 +77,10 @@ def run_status(args: argparse.Namespace) -> int:
         doc = fetch_status(args.address, timeout_s=args.timeout_s)
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace").strip()
-        print(f"orchestrator status: the job at {args.address} answered HTTP {exc.code}: {detail}",
-              file=sys.stderr)
+        print(
+            f"orchestrator status: the job at {args.address} answered HTTP {exc.code}: {detail}",
+            file=sys.stderr,
+        )
         return EXIT_NO_JOB
     if doc is None:
         print(
@@ -112,8 +116,9 @@ def render_status(doc: dict[str, Any], console: Any, *, max_events: int = 10) ->
         f"[bold]step[/bold] {_fmt(doc.get('step'), 'd')}  "
         f"[bold]loss[/bold] {_fmt(doc.get('loss'), '.4g')}{emulated}"
     )
-    measured, predicted = doc.get("throughput_samples_per_s"), doc.get(
-        "predicted_throughput_samples_per_s"
+    measured, predicted = (
+        doc.get("throughput_samples_per_s"),
+        doc.get("predicted_throughput_samples_per_s"),
     )
     ratio = f" ({measured / predicted:.0%} of predicted)" if measured and predicted else ""
     console.print(
@@ -147,8 +152,11 @@ def _plan_table(plan: dict[str, Any] | None, reason: str | None, table_cls: Any)
             table.add_row(
                 str(replica.get("replica")) if first else "",
                 str(replica.get("batch_size")) if first else "",
-                str(stage.get("stage")), f"[{start}, {end})", str(stage.get("device_type")),
-                str(stage.get("tp")), stage.get("node") or "-",
+                str(stage.get("stage")),
+                f"[{start}, {end})",
+                str(stage.get("device_type")),
+                str(stage.get("tp")),
+                stage.get("node") or "-",
             )
     return table
 

@@ -42,8 +42,11 @@ class Telemetry:
         self.status = StatusTracker(run)
         self.logs = LogCallback(run) if log_decisions else None
         self.server = TelemetryServer(
-            self.metrics.registry, status_provider=self.status.snapshot,
-            node_event_handler=node_event_handler, host=host, port=port,
+            self.metrics.registry,
+            status_provider=self.status.snapshot,
+            node_event_handler=node_event_handler,
+            host=host,
+            port=port,
         )
 
     @property

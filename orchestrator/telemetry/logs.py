@@ -103,27 +103,41 @@ class LogCallback(ControllerCallback):
         self._info(f"state {state.value}", state=state.value)
 
     def on_devices(self, alive_by_type: dict[str, int], draining_by_type: dict[str, int]) -> None:
-        self._info("devices", alive=dict(sorted(alive_by_type.items())),
-                   draining=dict(sorted(draining_by_type.items())))
+        self._info(
+            "devices",
+            alive=dict(sorted(alive_by_type.items())),
+            draining=dict(sorted(draining_by_type.items())),
+        )
 
     def on_plan(
         self, plan: Plan, predicted_step_s: float, bound_step_s: float, reason: str
     ) -> None:
         ratio = predicted_step_s / bound_step_s if bound_step_s > 0 else None
         self._info(
-            f"plan ({reason})", reason=reason, replicas=len(plan.replicas),
-            stages=[len(r.stages) for r in plan.replicas], devices=plan.device_counts(),
-            predicted_step_s=predicted_step_s, bound_step_s=bound_step_s, bound_ratio=ratio,
+            f"plan ({reason})",
+            reason=reason,
+            replicas=len(plan.replicas),
+            stages=[len(r.stages) for r in plan.replicas],
+            devices=plan.device_counts(),
+            predicted_step_s=predicted_step_s,
+            bound_step_s=bound_step_s,
+            bound_ratio=ratio,
         )
 
     def on_step(self, report: StepReport, predicted_step_s: float) -> None:
         # Every step at debug level: a run has many thousands; decisions stay at info.
         self.log.debug(
-            "step", extra={"data": {
-                "run": self.run, "step": report.step, "loss": report.loss,
-                "step_s": report.step_duration_s, "predicted_step_s": predicted_step_s,
-                "samples_per_s": report.throughput_samples_per_s,
-            }},
+            "step",
+            extra={
+                "data": {
+                    "run": self.run,
+                    "step": report.step,
+                    "loss": report.loss,
+                    "step_s": report.step_duration_s,
+                    "predicted_step_s": predicted_step_s,
+                    "samples_per_s": report.throughput_samples_per_s,
+                }
+            },
         )
 
     def on_recovery(self, reason: str, duration_s: float, lost_steps: int) -> None:
@@ -137,8 +151,10 @@ class LogCallback(ControllerCallback):
 
     def on_emulated(self, emulated: bool) -> None:
         if emulated:
-            self.log.warning("device speeds are emulated (no real accelerators)",
-                             extra={"data": {"run": self.run, "emulated": True}})
+            self.log.warning(
+                "device speeds are emulated (no real accelerators)",
+                extra={"data": {"run": self.run, "emulated": True}},
+            )
 
 
 class ProgressBar:
@@ -166,8 +182,10 @@ def progress(
     """
     console = console or Console(stderr=True)
     columns = (
-        TextColumn("[progress.description]{task.description}"), BarColumn(),
-        TaskProgressColumn(), TimeRemainingColumn(),
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeRemainingColumn(),
     )
     with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
         task_id = bar.add_task(description, total=total)

@@ -54,6 +54,28 @@ METRIC_NAMES = (
 )
 
 
+def reason_label(reason: str, *, default: str) -> str:
+    """A low-cardinality ``reason`` label for a free-text reason.
+
+    Known reasons pass through; a sentence (the controller passes a recovery's cause, e.g.
+    "lost ranks [2, 3] on nodes ['n1'] (while running)") maps to the known reason it mentions,
+    else to ``default``. Free text as a label would create a new series per failure.
+    """
+    text = reason.strip().lower()
+    if text in KNOWN_REASONS:
+        return text
+    for needle, label in (
+        ("preempt", "preemption"),
+        ("drain", "preemption"),
+        ("straggler", "straggler"),
+        ("join", "join"),
+        ("restart", "restart"),
+    ):
+        if needle in text:
+            return label
+    return default
+
+
 class PrometheusCallback(ControllerCallback):
     """One run's state as Prometheus metrics; serve ``registry`` with the telemetry server."""
 
@@ -69,70 +91,101 @@ class PrometheusCallback(ControllerCallback):
     def _define_metrics(self) -> None:
         r = self.registry
         self.devices = Gauge(
-            "orchestrator_devices", "Devices in the cluster by type and state (alive, draining).",
-            ["run", "device_type", "state"], registry=r,
+            "orchestrator_devices",
+            "Devices in the cluster by type and state (alive, draining).",
+            ["run", "device_type", "state"],
+            registry=r,
         )
         self.controller_state = Gauge(
-            "orchestrator_controller_state", "1 for the controller's current state, 0 for others.",
-            ["run", "state"], registry=r,
+            "orchestrator_controller_state",
+            "1 for the controller's current state, 0 for others.",
+            ["run", "state"],
+            registry=r,
         )
         # prometheus_client appends "_total" to a counter's name.
         self.steps = Counter(
-            "orchestrator_steps", "Training steps committed.", ["run"], registry=r,
+            "orchestrator_steps",
+            "Training steps committed.",
+            ["run"],
+            registry=r,
         )
         self.step_duration = Histogram(
-            "orchestrator_step_duration_seconds", "Measured wall time of a training step.",
-            ["run"], buckets=STEP_BUCKETS_S, registry=r,
+            "orchestrator_step_duration_seconds",
+            "Measured wall time of a training step.",
+            ["run"],
+            buckets=STEP_BUCKETS_S,
+            registry=r,
         )
         self.predicted_step = Gauge(
             "orchestrator_predicted_step_duration_seconds",
-            "Step time the cost model predicts for the current plan.", ["run"], registry=r,
+            "Step time the cost model predicts for the current plan.",
+            ["run"],
+            registry=r,
         )
         self.throughput = Gauge(
             "orchestrator_throughput_samples_per_second",
-            "Samples per second of the last committed step.", ["run"], registry=r,
+            "Samples per second of the last committed step.",
+            ["run"],
+            registry=r,
         )
         self.predicted_throughput = Gauge(
             "orchestrator_predicted_throughput_samples_per_second",
-            "Samples per second the cost model predicts for the current plan.", ["run"], registry=r,
+            "Samples per second the cost model predicts for the current plan.",
+            ["run"],
+            registry=r,
         )
         self.loss = Gauge(
             "orchestrator_loss", "Loss of the last committed step.", ["run"], registry=r
         )
         self.plan_changes = Counter(
-            "orchestrator_plan_changes", "Plans put into effect, by reason.", ["run", "reason"],
+            "orchestrator_plan_changes",
+            "Plans put into effect, by reason.",
+            ["run", "reason"],
             registry=r,
         )
         self.plan_bound_ratio = Gauge(
             "orchestrator_plan_bound_ratio",
-            "Predicted step time over the physical (fluid) lower bound; 1 is ideal.", ["run"],
+            "Predicted step time over the physical (fluid) lower bound; 1 is ideal.",
+            ["run"],
             registry=r,
         )
         self.recoveries = Counter(
-            "orchestrator_recoveries", "Failures recovered from, by reason.", ["run", "reason"],
+            "orchestrator_recoveries",
+            "Failures recovered from, by reason.",
+            ["run", "reason"],
             registry=r,
         )
         self.recovery_duration = Histogram(
             "orchestrator_recovery_duration_seconds",
-            "From a failure seen to the first step completed after it.", ["run", "reason"],
-            buckets=RECOVERY_BUCKETS_S, registry=r,
+            "From a failure seen to the first step completed after it.",
+            ["run", "reason"],
+            buckets=RECOVERY_BUCKETS_S,
+            registry=r,
         )
         self.lost_steps = Counter(
-            "orchestrator_lost_steps", "Steps redone after recoveries (work lost since the "
-            "last checkpoint).", ["run"], registry=r,
+            "orchestrator_lost_steps",
+            "Steps redone after recoveries (work lost since the last checkpoint).",
+            ["run"],
+            registry=r,
         )
         self.checkpoint_duration = Histogram(
-            "orchestrator_checkpoint_duration_seconds", "Checkpoint save and load times.",
-            ["run", "operation"], buckets=CHECKPOINT_BUCKETS_S, registry=r,
+            "orchestrator_checkpoint_duration_seconds",
+            "Checkpoint save and load times.",
+            ["run", "operation"],
+            buckets=CHECKPOINT_BUCKETS_S,
+            registry=r,
         )
         self.stage_busy = Gauge(
             "orchestrator_stage_busy_ratio",
             "Compute time of a pipeline stage over the step time (1 = never waits).",
-            ["run", "replica", "stage", "device_type"], registry=r,
+            ["run", "replica", "stage", "device_type"],
+            registry=r,
         )
         self.emulated = Gauge(
-            "orchestrator_emulated", "1 when device speeds are emulated (no real accelerators).",
-            ["run"], registry=r,
+            "orchestrator_emulated",
+            "1 when device speeds are emulated (no real accelerators).",
+            ["run"],
+            registry=r,
         )
 
     def _initialise_known_series(self) -> None:
@@ -169,7 +222,7 @@ class PrometheusCallback(ControllerCallback):
     def on_plan(
         self, plan: Plan, predicted_step_s: float, bound_step_s: float, reason: str
     ) -> None:
-        self.plan_changes.labels(self.run, reason).inc()
+        self.plan_changes.labels(self.run, reason_label(reason, default="other")).inc()
         self.predicted_step.labels(self.run).set(predicted_step_s)
         if predicted_step_s > 0:
             self.predicted_throughput.labels(self.run).set(
@@ -196,8 +249,9 @@ class PrometheusCallback(ControllerCallback):
             ).set(ratio)
 
     def on_recovery(self, reason: str, duration_s: float, lost_steps: int) -> None:
-        self.recoveries.labels(self.run, reason).inc()
-        self.recovery_duration.labels(self.run, reason).observe(duration_s)
+        label = reason_label(reason, default="failure")
+        self.recoveries.labels(self.run, label).inc()
+        self.recovery_duration.labels(self.run, label).observe(duration_s)
         self.lost_steps.labels(self.run).inc(max(lost_steps, 0))
 
     def on_checkpoint(self, operation: str, duration_s: float) -> None:

@@ -38,19 +38,22 @@ def parse_node_event(body: Any) -> NodeEvent:
     if not isinstance(body, dict):
         raise UserError(
             f"expected a JSON object, got {type(body).__name__}",
-            field="body", fix='send {"node": ..., "event": ...}',
+            field="body",
+            fix='send {"node": ..., "event": ...}',
         )
     unknown = sorted(set(body) - set(_FIELDS))
     if unknown:
         raise UserError(
-            f"unknown field(s) {', '.join(unknown)}", field=unknown[0],
+            f"unknown field(s) {', '.join(unknown)}",
+            field=unknown[0],
             fix=f"use only {', '.join(_FIELDS)}",
         )
     node = _required_string(body, "node")
     event = _required_string(body, "event")
     if event not in NODE_EVENT_KINDS:
         raise UserError(
-            f"unknown event {event!r}", field="event",
+            f"unknown event {event!r}",
+            field="event",
             fix=f"use one of {', '.join(NODE_EVENT_KINDS)}",
         )
     device_type = _optional_string(body, "device_type")
@@ -60,17 +63,20 @@ def parse_node_event(body: Any) -> NodeEvent:
         if isinstance(deadline, bool) or not isinstance(deadline, int | float):
             raise UserError(
                 f"must be a number (seconds since the epoch), got {deadline!r}",
-                field="deadline_unix_s", fix="send a Unix time such as 1767225600.0",
+                field="deadline_unix_s",
+                fix="send a Unix time such as 1767225600.0",
             )
         if not math.isfinite(deadline) or deadline < 0:
             raise UserError(
                 f"must be a finite, non-negative Unix time, got {deadline!r}",
-                field="deadline_unix_s", fix="send a Unix time such as 1767225600.0",
+                field="deadline_unix_s",
+                fix="send a Unix time such as 1767225600.0",
             )
         deadline = float(deadline)
     elif event == "preemption_notice":
         raise UserError(
-            "a preemption notice needs the time the node goes away", field="deadline_unix_s",
+            "a preemption notice needs the time the node goes away",
+            field="deadline_unix_s",
             fix="add deadline_unix_s (seconds since the epoch)",
         )
     return NodeEvent(
@@ -93,7 +99,8 @@ def _optional_string(body: dict[str, Any], name: str) -> str | None:
         return None
     if not isinstance(value, str) or not value.strip():
         raise UserError(
-            f"must be a non-empty string when given (got {value!r})", field=name,
+            f"must be a non-empty string when given (got {value!r})",
+            field=name,
             fix=f"send a string or leave {name!r} out",
         )
     return value

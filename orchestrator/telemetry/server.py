@@ -86,7 +86,8 @@ class TelemetryServer:
         except OSError as exc:
             raise UserError(
                 f"cannot listen on {self._host}:{self._port}: {exc.strerror or exc}",
-                field="metrics port", fix="choose a free port (0 picks one)",
+                field="metrics port",
+                fix="choose a free port (0 picks one)",
             ) from exc
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
@@ -166,8 +167,9 @@ def _make_handler(server: TelemetryServer) -> type[BaseHTTPRequestHandler]:
                 log.exception("node event handler failed")
                 self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"node event not handled: {exc}")
                 return
-            self._json(HTTPStatus.ACCEPTED, {"accepted": True, "node": event.node,
-                                             "event": event.event})
+            self._json(
+                HTTPStatus.ACCEPTED, {"accepted": True, "node": event.node, "event": event.event}
+            )
 
         def _read_json(self) -> Any:
             try:
@@ -177,14 +179,16 @@ def _make_handler(server: TelemetryServer) -> type[BaseHTTPRequestHandler]:
             if length <= 0:
                 raise UserError("empty request body", field="body", fix="send a JSON object")
             if length > MAX_BODY_BYTES:
-                raise UserError(f"{length} bytes is over the {MAX_BODY_BYTES}-byte limit",
-                                field="body")
+                raise UserError(
+                    f"{length} bytes is over the {MAX_BODY_BYTES}-byte limit", field="body"
+                )
             raw = self.rfile.read(length)
             try:
                 return json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise UserError(f"not valid JSON ({exc})", field="body",
-                                fix="send a JSON object") from None
+                raise UserError(
+                    f"not valid JSON ({exc})", field="body", fix="send a JSON object"
+                ) from None
 
         def _json(self, status: HTTPStatus, body: Any) -> None:
             data = (json.dumps(body, sort_keys=True) + "\n").encode()

@@ -48,10 +48,15 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 
 def event_to_json(event: RunEvent) -> dict[str, Any]:
     """A run event as JSON-ready data (non-JSON values in ``data`` become strings)."""
-    data = {k: v if isinstance(v, str | int | float | bool | None) else str(v)
-            for k, v in event.data.items()}
+    data = {
+        k: v if isinstance(v, str | int | float | bool | None) else str(v)
+        for k, v in event.data.items()
+    }
     return {
-        "time_s": event.time_s, "kind": event.kind.value, "message": event.message, "data": data
+        "time_s": event.time_s,
+        "kind": event.kind.value,
+        "message": event.message,
+        "data": data,
     }
 
 

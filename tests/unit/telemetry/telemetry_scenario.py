@@ -21,10 +21,13 @@ def two_type_plan() -> Plan:
         global_batch_size=16,
         microbatch_size=2,
         replicas=[
-            {"batch_size": 10, "stages": [
-                {"layers": [0, 6], "device_type": "A100"},
-                {"layers": [6, 10], "device_type": "L4"},
-            ]},
+            {
+                "batch_size": 10,
+                "stages": [
+                    {"layers": [0, 6], "device_type": "A100"},
+                    {"layers": [6, 10], "device_type": "L4"},
+                ],
+            },
             {"batch_size": 6, "stages": [{"layers": [0, 10], "device_type": "A100", "tp": 2}]},
         ],
     )
@@ -43,8 +46,9 @@ def step_report(step: int, step_s: float, *, two_stages: bool = True) -> StepRep
     timings = [StageTiming(0, 0, "A100", compute_s=0.6 * step_s, step_s=step_s)]
     if two_stages:
         timings.append(StageTiming(0, 1, "L4", compute_s=0.9 * step_s, step_s=step_s))
-    return StepReport(step=step, loss=3.0 / step, step_duration_s=step_s, samples=16,
-                      stage_timings=tuple(timings))
+    return StepReport(
+        step=step, loss=3.0 / step, step_duration_s=step_s, samples=16, stage_timings=tuple(timings)
+    )
 
 
 def drive_scripted_run(callback: ControllerCallback) -> None:
@@ -59,8 +63,14 @@ def drive_scripted_run(callback: ControllerCallback) -> None:
     callback.on_devices({"A100": 3, "L4": 1}, {})
     callback.on_state(State.PLANNING)
     callback.on_plan(two_type_plan(), 0.5, 0.4, "initial")
-    callback.on_event(RunEvent(0.1, EventKind.PLAN_CHOSEN, "plan chosen",
-                               {"predicted_step_s": 0.5, "bound_step_s": 0.4}))
+    callback.on_event(
+        RunEvent(
+            0.1,
+            EventKind.PLAN_CHOSEN,
+            "plan chosen",
+            {"predicted_step_s": 0.5, "bound_step_s": 0.4},
+        )
+    )
     callback.on_state(State.RUNNING)
     for step in (1, 2, 3):
         callback.on_step(step_report(step, 0.55), 0.5)
@@ -76,7 +86,7 @@ def drive_scripted_run(callback: ControllerCallback) -> None:
     for step in (2, 3):
         callback.on_step(step_report(step, 0.85, two_stages=False), 0.8)
     callback.on_recovery("failure", 4.5, 2)
-    callback.on_event(RunEvent(6.5, EventKind.RECOVERY, "recovered",
-                               {"recovery_s": 4.5, "lost_steps": 2}))
+    callback.on_event(
+        RunEvent(6.5, EventKind.RECOVERY, "recovered", {"recovery_s": 4.5, "lost_steps": 2})
+    )
     callback.on_state(State.FINISHED)
-

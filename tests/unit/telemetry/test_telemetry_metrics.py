@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from telemetry_scenario import a100_only_plan
 
 from orchestrator.control.events import ControllerStateName
 from orchestrator.telemetry.metrics import METRIC_NAMES, PrometheusCallback
@@ -121,12 +122,23 @@ def test_stage_busy_ratios_belong_to_the_current_plan(scripted_run):
     assert abs(busy[labels] - 0.6) < 1e-9
 
 
-def test_unknown_reasons_and_negative_lost_steps_are_handled():
+def test_free_text_reasons_become_low_cardinality_labels():
     callback = PrometheusCallback("run-b")
-    callback.on_recovery("operator-drain", 1.0, -3)
+    callback.on_recovery("lost ranks [2, 3] on nodes ['n1']: actor died (while running)", 1.0, 4)
+    callback.on_recovery("node n2 drained after a preemption notice", 2.0, 0)
+    callback.on_plan(a100_only_plan(), 0.8, 0.5, "operator request")
     s = scrape(callback)
-    assert value(s, "orchestrator_recoveries_total", run="run-b", reason="operator-drain") == 1
-    assert value(s, "orchestrator_lost_steps_total", run="run-b") == 0
+    assert value(s, "orchestrator_recoveries_total", run="run-b", reason="failure") == 1
+    assert value(s, "orchestrator_recoveries_total", run="run-b", reason="preemption") == 1
+    assert value(s, "orchestrator_plan_changes_total", run="run-b", reason="other") == 1
+    reasons = {dict(k)["reason"] for k in s["orchestrator_recoveries_total"]}
+    assert reasons == {"initial", "failure", "join", "straggler", "preemption", "restart"}
+
+
+def test_negative_lost_steps_count_as_none():
+    callback = PrometheusCallback("run-b")
+    callback.on_recovery("failure", 1.0, -3)
+    assert value(scrape(callback), "orchestrator_lost_steps_total", run="run-b") == 0
 
 
 def test_two_runs_in_one_process_do_not_collide(scripted_run):

@@ -24,10 +24,14 @@ def get(url: str) -> tuple[int, str, bytes]:
 
 
 def post(url: str, body: bytes | str | object) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else (
-        body.encode() if isinstance(body, str) else json.dumps(body).encode())
-    request = urllib.request.Request(url, data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
+    data = (
+        body
+        if isinstance(body, bytes)
+        else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
+    )
+    request = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as r:
             return r.status, json.loads(r.read())
@@ -42,8 +46,7 @@ def received() -> list[NodeEvent]:
 
 @pytest.fixture
 def telemetry(received):
-    with Telemetry("srv", port=0, node_event_handler=received.append,
-                   log_decisions=False) as t:
+    with Telemetry("srv", port=0, node_event_handler=received.append, log_decisions=False) as t:
         yield t
 
 
@@ -88,8 +91,13 @@ def test_status_is_json_with_state_step_plan_and_events(telemetry, scripted_run)
 
 
 def test_a_valid_node_event_reaches_the_handler(telemetry, received):
-    event = {"node": "l4-1", "event": "preemption_notice", "device_type": "L4",
-             "deadline_unix_s": 1767225600, "reason": "spot reclaim"}
+    event = {
+        "node": "l4-1",
+        "event": "preemption_notice",
+        "device_type": "L4",
+        "deadline_unix_s": 1767225600,
+        "reason": "spot reclaim",
+    }
     status, body = post(telemetry.url + "/v1/node-events", event)
     assert status == 202 and body["accepted"] is True
     assert received == [NodeEvent("l4-1", "preemption_notice", "L4", 1767225600.0, "spot reclaim")]
