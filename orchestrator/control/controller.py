@@ -335,8 +335,9 @@ class Controller:
         cost_s = self.switch_cost.first_step_done(self.now_s(), expected_s)
         if cost_s is not None:
             self.record(
-                EventKind.REPLAN,
-                f"switch measured: {cost_s:.2f} s without training",
+                EventKind.PLAN_CHOSEN,
+                f"plan change overhead measured: {cost_s:.2f} s without training "
+                f"(switch cost estimate now {self.switch_cost.estimate_s:.2f} s)",
                 switch_cost_s=cost_s,
                 estimate_s=self.switch_cost.estimate_s,
             )
