@@ -32,6 +32,8 @@ class SearchConfig:
     descent_rounds: int = 4
     mixed: bool = True
     max_mixed_depth_each: int = 8
+    mixed_rounds: int = 2
+    mixed_beam_width: int = 8
     # Two-type replicas are tried when some type cannot hold the model alone, or when the cluster
     # is at most this large (beyond it, whole single-type replicas with uneven batch shares reach
     # the same speed and the extra candidates only cost search time).
@@ -148,27 +150,43 @@ class SelectionSearch:
         return best
 
     def _with_mixed(self, sel: Selection | None) -> Selection | None:
+        """Add two-type replicas on top of ``sel``, one template per round (greedy)."""
         cfg = self.config
         total_devices = sum(i.num_devices for i in self.infos.values())
         stranded = any(not self.homogeneous[d] for d in self.infos)
-        if (
-            not cfg.mixed
-            or len(self.infos) < 2
-            or not (stranded or total_devices <= cfg.mixed_device_limit)
-        ):
+        small = total_devices <= cfg.mixed_device_limit
+        if not cfg.mixed or len(self.infos) < 2 or not (stranded or small):
             return sel
-        base = list(sel.groups) if sel else []
-        best = sel
-        free = {d: i.num_devices for d, i in self.infos.items()}
-        for first, second in itertools.permutations(sorted(self.infos), 2):
+        candidates = [
+            t
+            for first, second in itertools.permutations(sorted(self.infos), 2)
             for t in mixed_templates(
                 self.tables, self.infos, first, second, self.mbs, cfg.max_mixed_depth_each
-            ):
-                most = min(free[d] // n for d, n in t.usage.items())
-                for count in sorted({1, 2, 4, 8, 16, most} & set(range(1, most + 1))):
-                    left = {d: free[d] - count * t.usage.get(d, 0) for d in free}
-                    groups = [Group(t, count), *_fit_counts(base, left)]
-                    best = _better(best, _score(groups, self.batch, self.infos))
+            )
+        ]
+        free = {d: i.num_devices for d, i in self.infos.items()}
+        # Beam search: two-type replicas often pay off only in pairs (one absorbs what the other
+        # leaves), so a round keeps its few best expansions even when they do not yet improve.
+        best = sel
+        beam: list[Selection | None] = [sel]
+        for _ in range(cfg.mixed_rounds):
+            expansions: dict[tuple[object, ...], Selection] = {}
+            for state in beam:
+                base = list(state.groups) if state else []
+                for t in candidates:
+                    most = min(free[d] // n for d, n in t.usage.items())
+                    for count in sorted({1, 2, 4, 8, 16, most} & set(range(1, most + 1))):
+                        left = {d: free[d] - count * t.usage.get(d, 0) for d in free}
+                        found = _score(
+                            [Group(t, count), *_fit_counts(base, left)], self.batch, self.infos
+                        )
+                        if found is not None:
+                            expansions[found.key] = found
+            if not expansions:
+                break
+            ranked = [expansions[k] for k in sorted(expansions)]
+            best = _better(best, ranked[0])
+            beam = list(ranked[: cfg.mixed_beam_width])
         return best
 
     def run(self, device_types: list[str] | None = None) -> Selection | None:
