@@ -1,0 +1,91 @@
+"""Cases the torch.distributed tests share: a tiny GPT, plans from literals, comparisons."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from orchestrator.spec.plan import Plan
+from orchestrator.worker.data import DataConfig
+from orchestrator.worker.engine import EngineConfig
+from orchestrator.worker.reference import ReferenceTrainer
+
+GPT_FACTORY = "orchestrator.models.gpt:make_gpt"
+# 3 blocks -> 5 planner layers: 0 embedding, 1..3 blocks, 4 head.
+TINY_GPT = {"num_layers": 3, "hidden_size": 32, "num_heads": 4, "sequence_length": 16}
+DATA = DataConfig(sequence_length=16)
+LEARNING_RATE = 1e-3
+
+
+def make_plan(
+    replicas: list[tuple[int, list[tuple[tuple[int, int], str]]]], microbatch_size: int = 2
+) -> Plan:
+    """``[(batch_size, [((start, end), device_type), ...]), ...]`` -> Plan."""
+    return Plan.model_validate(
+        {
+            "global_batch_size": sum(b for b, _ in replicas),
+            "microbatch_size": microbatch_size,
+            "replicas": [
+                {
+                    "batch_size": b,
+                    "stages": [{"layers": list(span), "device_type": d} for span, d in stages],
+                }
+                for b, stages in replicas
+            ],
+        }
+    )
+
+
+def engine_config(plan: Plan, **overrides: Any) -> EngineConfig:
+    fields: dict[str, Any] = {
+        "model_factory": GPT_FACTORY,
+        "model_kwargs": dict(TINY_GPT),
+        "plan": plan,
+        "rank": 0,
+        "data": DATA,
+        "learning_rate": LEARNING_RATE,
+    }
+    fields.update(overrides)
+    return EngineConfig(**fields)
+
+
+def reference_params(
+    plan: Plan, num_steps: int, optimizer: str = "adam"
+) -> tuple[dict[int, dict[str, torch.Tensor]], list[float]]:
+    """Single-process fp32 training on the whole global batch: parameters and losses."""
+    ref = ReferenceTrainer(
+        GPT_FACTORY,
+        dict(TINY_GPT),
+        DATA,
+        plan.global_batch_size,
+        optimizer=optimizer,
+        learning_rate=LEARNING_RATE,
+    )
+    losses = [ref.train_step(step) for step in range(num_steps)]
+    return ref.layer_params(), losses
+
+
+def layer_relative_errors(
+    states: dict[int, dict[str, Any]], reference: dict[int, dict[str, torch.Tensor]]
+) -> dict[int, float]:
+    """Per planner layer: ||theta - theta_ref|| / ||theta_ref|| over all its parameters."""
+    assert sorted(states) == sorted(reference), "a layer is missing"
+    errors = {}
+    for layer, ref in reference.items():
+        got = states[layer]["params"]
+        diff = torch.cat([(got[k] - ref[k]).reshape(-1) for k in sorted(ref)])
+        base = torch.cat([ref[k].reshape(-1) for k in sorted(ref)])
+        errors[layer] = float(diff.norm() / base.norm())
+    return errors
+
+
+def tensor_relative_errors(
+    states: dict[int, dict[str, Any]], reference: dict[int, dict[str, torch.Tensor]]
+) -> dict[str, float]:
+    """Per parameter tensor: max |theta - theta_ref| / max |theta_ref|."""
+    return {
+        f"{layer}.{k}": float((states[layer]["params"][k] - v).abs().max() / v.abs().max())
+        for layer, ref in reference.items()
+        for k, v in ref.items()
+    }
