@@ -161,6 +161,7 @@ def _consider_switch(c: Controller, s: RunningState, snap: ClusterSnapshot, trig
 def _on_stragglers(c: Controller, s: RunningState, found: list[Straggler]) -> None:
     ranks = stage_ranks(s.proposal.plan)
     placement = c.workers.placement()
+    factor_by_node: dict[str, float] = {}
     for st in found:
         stage = s.proposal.plan.replicas[st.replica].stages[st.stage]
         node = stage.node or placement.get(ranks[(st.replica, st.stage)])
@@ -175,10 +176,12 @@ def _on_stragglers(c: Controller, s: RunningState, found: list[Straggler]) -> No
             baseline_s=st.baseline_s,
             measured_s=st.measured_s,
         )
-        if node is not None:
-            c.slowdown_by_node[node] = c.slowdown_by_node.get(node, 1.0) * st.slowdown_factor
+        if node is not None:  # several slow stages on one node: one factor for the node
+            factor_by_node[node] = max(factor_by_node.get(node, 1.0), st.slowdown_factor)
         # Accept the measured speed as the new normal, so the same slowness fires only once.
         c.stragglers.rebase((st.replica, st.stage), st.measured_s)
+    for node, factor in factor_by_node.items():
+        c.slowdown_by_node[node] = c.slowdown_by_node.get(node, 1.0) * factor
     if c.snapshot is not None:
         _consider_switch(c, s, c.snapshot, "straggler")
 

@@ -122,8 +122,12 @@ def launch(c: Controller, s: LaunchingState) -> None:
     c.next_step = restore.resume_step
     c.last_lost_steps = restore.lost_steps
     c.lost_steps_total += restore.lost_steps
+    # The current step time is the median over the straggler window, so a slowdown the detector
+    # confirms is also what the switch rule sees.
     c.measurements = PlanMeasurements(
-        s.proposal.predicted_step_s, calibration_steps=c.config.calibration_steps
+        s.proposal.predicted_step_s,
+        calibration_steps=c.config.calibration_steps,
+        recent_window=c.config.straggler_window_steps,
     )
     c.stragglers = running.new_detector(c.config, s.proposal)
     c.record(

@@ -98,6 +98,7 @@ class FakePlanner:
 
     calls: list[tuple[ClusterSnapshot, dict[str, float]]] = field(default_factory=list)
     errors: list[Exception] = field(default_factory=list)  # raised by the next calls, in order
+    one_pipeline: bool = False  # one replica whose stages span every node (one per device)
 
     def __call__(
         self, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
@@ -108,6 +109,8 @@ class FakePlanner:
         nodes = [n for n in snapshot.nodes if n.num_devices <= NUM_LAYERS]
         if not nodes:
             raise InfeasibleError("no node to place the model on", field="cluster")
+        if self.one_pipeline:
+            return self._one_pipeline(nodes)
         speeds = {
             n.node_id: SPEEDS[n.device_type] * n.num_devices / slowdown_by_node.get(n.node_id, 1)
             for n in nodes
@@ -126,6 +129,21 @@ class FakePlanner:
         return PlanProposal(
             plan, predicted_step_s=step_s, bound_step_s=GLOBAL_BATCH / sum(speeds.values())
         )
+
+    def _one_pipeline(self, nodes: list[NodeInfo]) -> PlanProposal:
+        devices = [n for n in nodes for _ in range(n.num_devices)][:NUM_LAYERS]
+        bounds = [round(i * NUM_LAYERS / len(devices)) for i in range(len(devices) + 1)]
+        stages = tuple(
+            StageSpec(layers=(a, b), device_type=n.device_type, node=n.node_id)
+            for n, (a, b) in zip(devices, itertools.pairwise(bounds), strict=True)
+        )
+        plan = Plan(
+            global_batch_size=GLOBAL_BATCH,
+            microbatch_size=1,
+            replicas=(ReplicaSpec(batch_size=GLOBAL_BATCH, stages=stages),),
+        )
+        step_s = GLOBAL_BATCH / sum(SPEEDS[n.device_type] for n in devices)
+        return PlanProposal(plan, predicted_step_s=step_s, bound_step_s=step_s)
 
 
 def split_batch(total: int, weights: list[float]) -> list[int]:
@@ -175,7 +193,7 @@ class FakeWorkerGroup:
         self.launches: list[tuple[Plan, RestoreSource]] = []
         self.steps_run: list[int] = []
         self.stops = 0
-        self.launch_s, self.fetch_s, self.stage_s = 2.0, 0.5, 0.2
+        self.launch_s, self.fetch_s = 2.0, 0.5
         self.throttle: dict[str, float] = {}  # node -> factor its compute is slowed by
         self.before_step: Callable[[int], None] | None = None  # hook: inject events mid-step
         self.step_errors: dict[int, Exception] = {}  # step -> exception it raises
@@ -202,14 +220,19 @@ class FakeWorkerGroup:
         if step in self.step_errors:
             raise self.step_errors.pop(step)
         self._raise_if_dead(set(self.rank_node))
-        timings = []
-        rank = 0
+        # Same arithmetic as FakePlanner: a replica takes batch / speed seconds, split evenly
+        # over its stages; a throttled node stretches its stages.
+        timings, replica_s = [], []
         for r, rep in enumerate(self.plan.replicas):
+            speed = sum(SPEEDS[stage.device_type] for stage in rep.stages)
+            total_s = 0.0
             for s, stage in enumerate(rep.stages):
-                compute_s = self.stage_s * self.throttle.get(stage.node or "", 1.0)
+                compute_s = rep.batch_size / speed / len(rep.stages)
+                compute_s *= self.throttle.get(stage.node or "", 1.0)
                 timings.append(StageTiming(r, s, stage.device_type, compute_s, 0.0))
-                rank += 1
-        duration_s = sum(t.compute_s for t in timings)
+                total_s += compute_s
+            replica_s.append(total_s)
+        duration_s = max(replica_s)
         self.clock.advance(duration_s)
         for layers in self.state.values():
             for layer in layers:
@@ -226,7 +249,8 @@ class FakeWorkerGroup:
     def layer_holders(self) -> dict[int, tuple[int, ...]]:
         holders: dict[int, list[int]] = {}
         for rank, layers in self.state.items():
-            if self.cluster.alive(self.rank_node[rank]):
+            # Like an actor group, it knows of deaths the cluster has noticed, not of fresh ones.
+            if self.rank_node[rank] in self.cluster.nodes:
                 for layer in layers:
                     holders.setdefault(layer, []).append(rank)
         return {layer: tuple(ranks) for layer, ranks in sorted(holders.items())}
