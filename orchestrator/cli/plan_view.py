@@ -12,7 +12,7 @@ GiB = 1024**3
 
 def _console() -> Console:
     # Wide enough for the tables when output goes to a file or pipe (rich defaults to 80 there).
-    console = _console()
+    console = Console()
     return console if console.is_terminal else Console(width=120)
 
 

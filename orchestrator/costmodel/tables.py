@@ -165,11 +165,16 @@ class CostTables:
                     )
                 )
             else:
+                update_s = measured.update_s
+                if update_s is None:  # not measured: the update is memory-bound, estimate it
+                    update_s = analytic_layer_time(
+                        model, training, device, layer, microbatch_size, tp, 0.0
+                    ).update_s
                 times.append(
                     LayerTime(
                         forward_s=measured.forward_s * scale,
                         backward_s=measured.backward_s * scale,
-                        update_s=measured.update_s,
+                        update_s=update_s,
                         estimated=scale != 1.0,
                     )
                 )

@@ -17,7 +17,7 @@ SC'21, section 3.5). A fit that gives a non-positive time at some batch is not u
 
 Blocks ``1..num_layers`` all get the one measured layer; the embedding (0) and the head
 (``num_layers + 1``) are absent, so the cost model estimates them and says so. Cephalo measured
-no optimizer update, so ``update_s`` is 0 and the source says it was not measured.
+no optimizer update, so ``update_s`` is left out (null) and the cost model estimates it.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def convert_cephalo_entry(
         f"Cephalo (benson-guo/cephalo, MIT) {source}: "
         f"one transformer layer ({', '.join(sorted(hows))}), "
         f"repeated for blocks 1..{num_layers}; embedding and head not measured (estimated); "
-        "optimizer update not measured (update_s 0)"
+        "optimizer update not measured (update_s null)"
     )
     if measured_as:
         text += f"; measured on {measured_as}"

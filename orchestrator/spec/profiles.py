@@ -26,7 +26,8 @@ class LayerTiming(BaseModel):
 
     forward_s: NonNegativeFloat
     backward_s: NonNegativeFloat
-    update_s: NonNegativeFloat = 0.0
+    # None: not measured (the cost model then estimates the optimizer update).
+    update_s: NonNegativeFloat | None = None
     # Activation bytes kept for backward per microbatch, and parameter bytes, when measured.
     activation_bytes: int | None = Field(default=None, ge=0)
     param_bytes: int | None = Field(default=None, ge=0)
