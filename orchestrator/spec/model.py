@@ -33,6 +33,8 @@ class ModelSpec(BaseModel):
     sequence_length: PositiveInt
     vocab_size: PositiveInt
     dtype: Dtype = Dtype.BF16
+    # The head reuses the token embedding matrix (GPT-2, GPT-Neo): it then owns only its LayerNorm.
+    tie_embeddings: bool = False
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> ModelSpec:
@@ -68,6 +70,8 @@ class ModelSpec(BaseModel):
         if kind is LayerKind.EMBEDDING:
             return self.vocab_size * h + self.sequence_length * h  # tokens + learned positions
         if kind is LayerKind.HEAD:
+            if self.tie_embeddings:
+                return 2 * h  # final LayerNorm; the projection is the embedding's matrix
             return 2 * h + self.vocab_size * h  # final LayerNorm + untied output projection
         # qkv (3h^2+3h) + out proj (h^2+h) + fc1 (hf+f) + fc2 (fh+h) + two LayerNorms (4h)
         return 4 * h * h + 2 * h * f + 9 * h + f
