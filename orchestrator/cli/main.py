@@ -22,6 +22,8 @@ COMMAND_MODULES = (
     "orchestrator.cli.devices_cmd",
     "orchestrator.cli.profiles_cmd",
     "orchestrator.cli.status_cmd",
+    "orchestrator.cli.run_cmd",
+    "orchestrator.cli.profile_cmd",
 )
 
 EXIT_USER_ERROR = 2

@@ -29,12 +29,17 @@ def validate_plan_for_cluster(
     bundle_requests(slots_for_plan(plan), nodes)
 
 
-def validate_model_for_plan(job: WorkerJob, plan: Plan) -> int:
-    """Import and call the model factory here, and check its layer count against the plan.
+def validate_model(job: WorkerJob, num_planner_layers: int) -> None:
+    """Import and call the model factory here; its layer count must be ``num_planner_layers``.
 
-    Returns the model's planner-layer count. Building the model object is cheap: factories build
-    layers lazily (``build_layer``), so no parameters are allocated in the driver.
+    Building the model object is cheap: a layered model builds layers only on request
+    (``build_layer``), so no parameters are allocated in the driver.
     """
     model = build_model(job.model_factory, dict(job.model_kwargs))
-    check_layer_count(model, plan.num_layers)
-    return model.num_planner_layers
+    check_layer_count(model, num_planner_layers)
+
+
+def validate_model_for_plan(job: WorkerJob, plan: Plan) -> int:
+    """:func:`validate_model` against the plan's layer count; returns that count."""
+    validate_model(job, plan.num_layers)
+    return plan.num_layers

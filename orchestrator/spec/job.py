@@ -107,12 +107,12 @@ class CheckpointSection(BaseModel):
 
 
 class MetricsSection(BaseModel):
-    """Where the Prometheus endpoint listens (port 0: no endpoint)."""
+    """Where the Prometheus endpoint listens (port 0: any free port; null: no endpoint)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     host: str = "127.0.0.1"
-    port: int = Field(default=DEFAULT_METRICS_PORT, ge=0, le=65535)
+    port: int | None = Field(default=DEFAULT_METRICS_PORT, ge=0, le=65535)
 
 
 class ClusterSection(BaseModel):
@@ -142,6 +142,8 @@ class JobSpec(BaseModel):
     cluster: ClusterSection = ClusterSection()
     # A fixed plan file (``orchestrator plan`` writes one); without it the planner chooses.
     plan: str | None = None
+    # Measured profiles for the planner and the prediction (a file or a directory of them).
+    profiles: str | None = None
 
     @model_validator(mode="after")
     def _format_known(self) -> JobSpec:

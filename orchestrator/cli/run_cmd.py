@@ -1,0 +1,75 @@
+"""``orchestrator run JOB.yaml``: train a job with a fixed plan on the current Ray cluster.
+
+The plan is the job's plan file (or ``--plan``), else the planner's choice for the live cluster.
+Every check that needs no actor runs first; a mistake is one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from orchestrator.spec.job import JobSpec
+from orchestrator.spec.loading import load_spec
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="train a job (JOB.yaml) with a fixed plan on the current Ray cluster",
+        description="Train the job described in JOB.yaml (docs/job.md) on a Ray cluster.",
+    )
+    parser.add_argument("job", type=Path, help="job spec (YAML or JSON)")
+    parser.add_argument("--address", help="Ray cluster address (overrides cluster.address)")
+    parser.add_argument("--plan", type=Path, help="plan file (overrides the job's plan)")
+    parser.add_argument("--steps", type=int, help="steps to train (overrides training.steps)")
+    parser.add_argument(
+        "--metrics-port", type=int, help="Prometheus port (overrides metrics.port; 0: any free)"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.errors import UserError
+
+    job = load_spec(JobSpec, args.job)
+    if args.address:
+        job = job.model_copy(
+            update={"cluster": job.cluster.model_copy(update={"address": args.address})}
+        )
+    if args.steps is not None and args.steps < 1:
+        raise UserError(f"--steps {args.steps} must be >= 1", field="--steps", fix="pass 1 or more")
+    port = args.metrics_port if args.metrics_port is not None else job.metrics.port
+    from orchestrator.runtime.run import run_job
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    server, callbacks = _telemetry(job, port)
+    try:
+        run_job(job, args.job, plan_file=args.plan, steps=args.steps, callbacks=callbacks, out=out)
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+def _telemetry(job: JobSpec, port: int | None) -> tuple[Any, list[Any]]:
+    """Start the Prometheus endpoint when a port is set; a failure to start is only a warning."""
+    if port is None:
+        return None, []
+    from orchestrator.errors import UserError
+    from orchestrator.telemetry.metrics import PrometheusCallback
+    from orchestrator.telemetry.server import TelemetryServer
+
+    callback = PrometheusCallback(job.name)
+    server = TelemetryServer(callback.registry, host=job.metrics.host, port=port)
+    try:
+        server.start()
+    except UserError as exc:
+        print(f"warning: metrics not served: {exc}", file=sys.stderr, flush=True)
+        return None, [callback]
+    print(f"metrics: {server.url}/metrics", flush=True)
+    return server, [callback]
