@@ -1,0 +1,63 @@
+"""``orchestrator run`` refuses bad jobs with one line and exit code 2, before any actor starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from ray_plans import MODEL_KWARGS, plan
+
+JOB = {
+    "name": "bad-input",
+    "model": {
+        "factory": "orchestrator.models.gpt:make_gpt",
+        "shape": {"name": "gpt-test", "vocab_size": 256, "dtype": "fp32", **MODEL_KWARGS},
+    },
+    "data": {},
+    "training": {"global_batch_size": 4, "microbatch_sizes": [2], "steps": 2},
+    "metrics": {"port": None},
+}
+
+
+def run_cli(tmp_path: Path, address: str, changes: dict, plan_json: str | None) -> tuple[int, str]:
+    job = {**JOB, **changes}
+    if plan_json is not None:
+        (tmp_path / "plan.json").write_text(plan_json)
+        job["plan"] = "plan.json"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    cli = [sys.executable, "-m", "orchestrator.cli.main", "run", str(tmp_path / "job.yaml")]
+    proc = subprocess.run(
+        [*cli, "--address", address],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc.returncode, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("changes", "plan_json", "message"),
+    [
+        ({}, plan((4, [(0, 6, "H100")])).to_json(), "plan needs 1 H100 devices, the cluster has 0"),
+        ({}, plan((4, [(0, 2, "L4"), (2, 6, "L4"), (6, 7, "L4")])).to_json(), "7 planner layers"),
+        (
+            {"model": {**JOB["model"], "factory": "missing_module:make"}},
+            None,
+            "cannot import module 'missing_module'",
+        ),
+        ({"training": {**JOB["training"], "steps": 0}}, None, "training.steps"),
+    ],
+    ids=["missing-device-type", "layer-count", "factory", "bad-field"],
+)
+def test_bad_job_is_one_line_and_exit_2(
+    ray_cluster: object, tmp_path: Path, changes: dict, plan_json: str | None, message: str
+) -> None:
+    address = ray_cluster.address  # type: ignore[attr-defined]
+    code, stderr = run_cli(tmp_path, address, changes, plan_json)
+    lines = [line for line in stderr.splitlines() if line.startswith("orchestrator run: error:")]
+    assert code == 2, stderr[-3000:]
+    assert len(lines) == 1 and message in lines[0], stderr[-3000:]
+    assert "Traceback" not in stderr
