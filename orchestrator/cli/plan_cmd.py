@@ -95,6 +95,10 @@ def _estimate_summary(est: Any) -> dict[str, Any] | None:
 def run_plan(args: argparse.Namespace) -> int:
     from orchestrator.planner import make_plan
 
+    if args.picture and args.picture.suffix.lower() not in (".svg", ".png"):
+        raise SpecError(
+            f"cannot draw to {args.picture.name}", field="--picture", fix="use a .svg or .png name"
+        )
     cluster, model, training, profiles = _inputs(args)
     result = make_plan(cluster, model, training, profiles)
     if args.out:
