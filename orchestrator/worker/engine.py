@@ -215,7 +215,9 @@ class StageEngine:
             )
         for i, layer in self.layers.items():
             layer.load_state_dict(states[i]["params"])
-            self.optimizers[i].load_state_dict(states[i]["optimizer"])
+            # Copy: load_state_dict keeps the given state tensors when dtype and device already
+            # match, and callers may hand several ranks the same (e.g. shared-memory) tensors.
+            self.optimizers[i].load_state_dict(_to_cpu(states[i]["optimizer"]))
 
     def shutdown(self) -> None:
         """Leave the process groups (safe to call twice)."""
