@@ -54,6 +54,7 @@ from orchestrator.control.ports import (
     WorkerLost,
 )
 from orchestrator.control.recovery import (
+    LayerState,
     RestoreKind,
     RestoreSource,
     lowest_holders,
@@ -231,8 +232,7 @@ class Controller:
         """
         assert self.proposal is not None
         started_s = self.now_s()
-        sources = lowest_holders(self.workers.layer_holders())
-        states = self.workers.fetch_layer_states(sources)
+        states, _ = self.read_all_layers()
         try:
             ref = self.checkpoints.save(self.next_step, states, self.run_meta())
         except Exception as exc:  # a full disk must not kill a healthy run
@@ -253,6 +253,25 @@ class Controller:
         )
         self.journal.notify("on_checkpoint", "save", duration_s)
         return True
+
+    def read_all_layers(
+        self, avoid_ranks: set[int] | frozenset[int] = frozenset()
+    ) -> tuple[dict[int, LayerState], dict[int, int]]:
+        """Every layer's state from the running group, and the rank each came from.
+
+        Raises :class:`WorkerLost` when some layer has no live holder: a partial read must never
+        become a checkpoint or a restore.
+        """
+        assert self.proposal is not None
+        holders = self.workers.layer_holders()
+        sources = lowest_holders(holders, avoid_ranks=avoid_ranks)
+        missing = [i for i in range(self.proposal.plan.num_layers) if i not in sources]
+        if missing:
+            placement = self.workers.placement()
+            alive = {r for ranks in holders.values() for r in ranks}
+            dead = set(placement) - alive
+            raise WorkerLost(dead, {placement[r] for r in dead}, f"no live holder of {missing}")
+        return self.workers.fetch_layer_states(sources), sources
 
     def fail(self, reason: str, restore: RestoreSource | None = None) -> None:
         """Stop the run with ``reason``; keep the freshest state we hold as a checkpoint."""

@@ -17,7 +17,6 @@ from orchestrator.control.recovery import (
     RestoreKind,
     RestoreSource,
     choose_restore,
-    lowest_holders,
 )
 from orchestrator.control.snapshot import ClusterSnapshot, SnapshotDiff
 from orchestrator.control.states import (
@@ -250,9 +249,7 @@ def resize(c: Controller, s: ResizingState) -> None:
     """Read every layer from the running group, stop it, and launch (or re-plan) without loss."""
     c.switch_cost.begin(s.since_s)
     try:
-        evacuating = _ranks_on(c, set(s.evacuate_nodes))
-        sources = lowest_holders(c.workers.layer_holders(), avoid_ranks=evacuating)
-        states = c.workers.fetch_layer_states(sources)
+        states, sources = c.read_all_layers(_ranks_on(c, set(s.evacuate_nodes)))
     except (WorkerLost, TransientError) as exc:
         c.on_failure(exc)
         return

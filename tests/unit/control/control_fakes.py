@@ -54,6 +54,8 @@ class FakeCluster:
         self.nodes: dict[str, NodeInfo] = {}
         self.draining: dict[str, float | None] = {}
         self.dead_but_listed: set[str] = set()  # killed, not yet noticed by the health check
+        self.killed_at_s: dict[str, float] = {}
+        self.health_check_s = 1.5  # a killed node leaves the snapshot this long after the kill
         self.sequence = 0
         self.probe_errors = 0  # the next N snapshots raise TransientError
 
@@ -67,11 +69,16 @@ class FakeCluster:
             self.draining.pop(node_id, None)
         else:
             self.dead_but_listed.add(node_id)
+            self.killed_at_s[node_id] = self.clock.now_s()
 
     def drain(self, node_id: str, deadline_s: float | None) -> None:
         self.draining[node_id] = deadline_s
 
     def _expire(self) -> None:
+        for node_id in list(self.dead_but_listed):
+            if self.clock.now_s() >= self.killed_at_s[node_id] + self.health_check_s:
+                self.dead_but_listed.discard(node_id)
+                self.kill(node_id)
         for node_id, deadline in list(self.draining.items()):
             if deadline is not None and self.clock.now_s() >= deadline:
                 self.kill(node_id)
