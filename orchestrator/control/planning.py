@@ -1,0 +1,153 @@
+"""The controller's :class:`~orchestrator.control.ports.Planner` on top of the real planner.
+
+:class:`MakePlanPlanner` turns a cluster snapshot into the planner's
+:class:`~orchestrator.spec.cluster.Cluster` and calls :func:`orchestrator.planner.make_plan`.
+
+Measured slowness (a straggler) reaches the planner as a *derated device type*: a node found
+``f`` times slower is planned as a copy of its type named ``"<type>~slow<f>"`` whose peak FLOP/s
+and memory bandwidth are divided by ``f`` and whose profiles (if any) take ``f`` times longer.
+The chosen plan is then written back with the real type name, so worker placement by device type
+is unchanged. Memory is not derated: a throttled GPU holds as much as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from orchestrator.control.ports import PlanProposal
+from orchestrator.control.snapshot import ClusterSnapshot
+from orchestrator.spec.cluster import Cluster, Node
+from orchestrator.spec.devices import DeviceCatalog, DeviceType
+from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.plan import Plan
+from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileFile, ProfileSet
+
+SLOW_MARK = "~slow"
+
+
+class MakePlanPlanner:
+    """Plans with :func:`orchestrator.planner.make_plan` for one model and training setup."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        training: TrainingSpec,
+        profiles: ProfileSet | None = None,
+        catalog: DeviceCatalog | None = None,
+    ) -> None:
+        self.model = model
+        self.training = training
+        self.profiles = profiles
+        self.catalog = catalog or DeviceCatalog.builtin()
+
+    def __call__(
+        self, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
+    ) -> PlanProposal:
+        from orchestrator.planner import make_plan  # the search is heavy; load it on first use
+
+        cluster = snapshot.to_cluster(self.catalog)
+        cluster, profiles = derate(cluster, self.profiles, slowdown_by_node)
+        result = make_plan(cluster, self.model, self.training, profiles)
+        plan = restore_type_names(result.plan)
+        note = ""
+        if any(SLOW_MARK in d for d in result.plan.device_counts()):
+            note = f"planned with measured slowdowns {dict(sorted(slowdown_by_node.items()))}"
+        return PlanProposal(
+            plan=plan,
+            predicted_step_s=result.estimate.step_time_s,
+            bound_step_s=result.bound_step_time_s,
+            notes=note,
+        )
+
+
+def slow_name(device_type: str, factor: float) -> str:
+    return f"{device_type}{SLOW_MARK}{factor:.2f}"
+
+
+def derate(
+    cluster: Cluster, profiles: ProfileSet | None, slowdown_by_node: Mapping[str, float]
+) -> tuple[Cluster, ProfileSet | None]:
+    """``cluster`` with each slowed node's device type replaced by a derated copy, and
+    ``profiles`` extended with correspondingly slower copies."""
+    slow = {n: f for n, f in slowdown_by_node.items() if f > 1.0 and n in cluster.node_by_name}
+    if not slow:
+        return cluster, profiles
+    nodes = []
+    derated: dict[str, tuple[str, float]] = {}  # derated name -> (real name, factor)
+    for node in cluster.nodes:
+        factor = slow.get(node.name)
+        if factor is None:
+            nodes.append(node)
+            continue
+        name = slow_name(node.device_type.name, factor)
+        derated[name] = (node.device_type.name, factor)
+        nodes.append(_with_device(node, _derated_type(node.device_type, name, factor)))
+    return Cluster(nodes=tuple(nodes)), _derated_profiles(profiles, derated)
+
+
+def restore_type_names(plan: Plan) -> Plan:
+    """The plan with derated type names mapped back to the real ones."""
+    replicas = []
+    for replica in plan.replicas:
+        stages = tuple(
+            s.model_copy(update={"device_type": s.device_type.split(SLOW_MARK)[0]})
+            for s in replica.stages
+        )
+        replicas.append(replica.model_copy(update={"stages": stages}))
+    return plan.model_copy(update={"replicas": tuple(replicas)})
+
+
+def _derated_type(device: DeviceType, name: str, factor: float) -> DeviceType:
+    return device.model_copy(
+        update={
+            "name": name,
+            "peak_flops_per_s": {d: v / factor for d, v in device.peak_flops_per_s.items()},
+            "memory_bandwidth_bytes_per_s": device.memory_bandwidth_bytes_per_s / factor,
+            "description": f"{device.description} (measured {factor:.2f}x slower)",
+        }
+    )
+
+
+def _with_device(node: Node, device: DeviceType) -> Node:
+    return Node(
+        name=node.name,
+        group=node.group,
+        device_type=device,
+        num_devices=node.num_devices,
+        intra_node_bandwidth_bytes_per_s=node.intra_node_bandwidth_bytes_per_s,
+        inter_node_bandwidth_bytes_per_s=node.inter_node_bandwidth_bytes_per_s,
+    )
+
+
+def _derated_profiles(
+    profiles: ProfileSet | None, derated: dict[str, tuple[str, float]]
+) -> ProfileSet | None:
+    if profiles is None:
+        return None
+    files = list(profiles.files)
+    for name, (real, factor) in sorted(derated.items()):
+        for f in profiles.files:
+            if f.device_type == real:
+                files.append(_slower_profile(f, name, factor))
+    return ProfileSet(files)
+
+
+def _slower_profile(profile: ProfileFile, name: str, factor: float) -> ProfileFile:
+    def slower(t: LayerTiming) -> LayerTiming:
+        return t.model_copy(
+            update={
+                "forward_s": t.forward_s * factor,
+                "backward_s": t.backward_s * factor,
+                "update_s": t.update_s * factor,
+            }
+        )
+
+    entries = [
+        ProfileEntry(
+            microbatch_size=e.microbatch_size,
+            tp=e.tp,
+            layers={i: slower(t) for i, t in e.layers.items()},
+        )
+        for e in profile.entries
+    ]
+    return profile.model_copy(update={"device_type": name, "entries": entries})
