@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from orchestrator.control import running, starting
 from orchestrator.control.callbacks import ControllerCallback
 from orchestrator.control.config import ControllerConfig
-from orchestrator.control.events import EventKind, StepReport
+from orchestrator.control.events import EventKind, RunEvent, StepReport
 from orchestrator.control.journal import Journal
 from orchestrator.control.measure import PlanMeasurements, SwitchCostMeter
 from orchestrator.control.ports import (
@@ -127,7 +127,8 @@ class Controller:
     # -- public API ------------------------------------------------------------------------
 
     @property
-    def events(self) -> list:  # list[RunEvent]
+    def events(self) -> list[RunEvent]:
+        """Every decision and observation so far, oldest first."""
         return self.journal.events
 
     @property

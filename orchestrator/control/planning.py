@@ -138,7 +138,7 @@ def _slower_profile(profile: ProfileFile, name: str, factor: float) -> ProfileFi
             update={
                 "forward_s": t.forward_s * factor,
                 "backward_s": t.backward_s * factor,
-                "update_s": t.update_s * factor,
+                "update_s": None if t.update_s is None else t.update_s * factor,
             }
         )
 
