@@ -3,7 +3,9 @@
 - :func:`configure_logging` sets up the ``orchestrator`` logger: readable text, or one JSON object
   per line (``json_format=True``) for log collectors. Numbers travel in ``extra={"data": {...}}``
   and land as fields of the JSON object (or ``key=value`` pairs in text).
-- :class:`LogCallback` logs each controller hook with its numbers.
+- :class:`LogCallback` logs what the controller hooks carry (plans with their bound ratio,
+  devices, recoveries; steps at debug level). The controller's journal logs every decision as an
+  event on ``orchestrator.control``; both come out as JSON with their numbers.
 - :func:`progress` is a rich progress bar that stays quiet when output is not a terminal.
 """
 
@@ -21,15 +23,24 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
 from orchestrator.control.callbacks import ControllerCallback
-from orchestrator.control.events import ControllerStateName, RunEvent, StepReport
+from orchestrator.control.events import ControllerStateName, StepReport
 from orchestrator.spec.plan import Plan
 
 LOGGER_NAME = "orchestrator"
 
 
 def _record_data(record: logging.LogRecord) -> dict[str, Any]:
+    """Numbers of a record: ``extra={"data": {...}}`` (telemetry) and ``extra={"event": {...}}``
+    (the controller's journal, whose ``kind`` becomes the ``event`` field)."""
+    found: dict[str, Any] = {}
+    event = getattr(record, "event", None)
+    if isinstance(event, dict):
+        found.update({("event" if k == "kind" else k): v for k, v in event.items()})
+        found.pop("message", None)  # already the record's message
     data = getattr(record, "data", None)
-    return dict(data) if isinstance(data, dict) else {}
+    if isinstance(data, dict):
+        found.update(data)
+    return found
 
 
 class JsonFormatter(logging.Formatter):
@@ -99,8 +110,13 @@ class LogCallback(ControllerCallback):
     def _info(self, message: str, **data: Any) -> None:
         self.log.info(message, extra={"data": {"run": self.run, **data}})
 
+    # Events (every decision with its numbers) are logged by the controller's journal on
+    # ``orchestrator.control``; this callback adds what only the hooks carry, without repeating.
+
     def on_state(self, state: ControllerStateName) -> None:
-        self._info(f"state {state.value}", state=state.value)
+        self.log.debug(
+            f"state {state.value}", extra={"data": {"run": self.run, "state": state.value}}
+        )
 
     def on_devices(self, alive_by_type: dict[str, int], draining_by_type: dict[str, int]) -> None:
         self._info(
@@ -144,10 +160,10 @@ class LogCallback(ControllerCallback):
         self._info("recovered", reason=reason, recovery_s=duration_s, lost_steps=lost_steps)
 
     def on_checkpoint(self, operation: str, duration_s: float) -> None:
-        self._info(f"checkpoint {operation}", operation=operation, duration_s=duration_s)
-
-    def on_event(self, event: RunEvent) -> None:
-        self._info(event.message, event=event.kind.value, event_time_s=event.time_s, **event.data)
+        self.log.debug(
+            f"checkpoint {operation}",
+            extra={"data": {"run": self.run, "operation": operation, "duration_s": duration_s}},
+        )
 
     def on_emulated(self, emulated: bool) -> None:
         if emulated:

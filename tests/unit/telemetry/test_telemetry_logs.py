@@ -32,6 +32,31 @@ def test_json_logs_carry_every_decision_with_its_numbers():
     assert not any(line["msg"] == "step" for line in lines)
 
 
+def test_journal_events_come_out_as_json_fields():
+    """The controller's journal logs with extra={"event": {...}}; the JSON keeps its numbers."""
+    stream = io.StringIO()
+    configure_logging(json_format=True, stream=stream)
+    try:
+        logging.getLogger("orchestrator.control").warning(
+            "failure 1 at step 12",
+            extra={
+                "event": {
+                    "kind": "failure",
+                    "time_s": 5.0,
+                    "message": "failure 1 at step 12",
+                    "step": 12,
+                    "lost_nodes": ["v100-0"],
+                }
+            },
+        )
+    finally:
+        configure_logging(stream=io.StringIO())
+    line = json.loads(stream.getvalue())
+    assert line["msg"] == "failure 1 at step 12" and line["level"] == "warning"
+    assert line["event"] == "failure" and line["step"] == 12 and line["lost_nodes"] == ["v100-0"]
+    assert "message" not in line
+
+
 def test_text_logs_are_readable_key_value_lines():
     stream = io.StringIO()
     configure_logging(level=logging.DEBUG, stream=stream)
