@@ -8,12 +8,12 @@ reproduces single-process training.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from orchestrator.errors import SpecError
+from orchestrator.spec.devices import Dtype
 from orchestrator.spec.model import ModelSpec
 
 # Init as in GPT-2 / nanoGPT: N(0, 0.02) weights, zero biases.
@@ -82,6 +82,14 @@ class GPT:
     """A :class:`~orchestrator.worker.model_api.LayeredModel` for a GPT of a given shape."""
 
     def __init__(self, spec: ModelSpec) -> None:
+        if spec.tie_embeddings:
+            # A tied head shares the embedding's matrix across stages; the worker keeps every
+            # parameter in exactly one planner layer.
+            raise SpecError(
+                f"model {spec.name!r} sets tie_embeddings; the example GPT has an untied head",
+                field="model.tie_embeddings",
+                fix="set tie_embeddings: false",
+            )
         self.spec = spec
         self.name = spec.name
 
@@ -122,12 +130,13 @@ def make_gpt(
     vocab_size: int = 256,
     ffn_hidden_size: int | None = None,
     name: str = "gpt-tiny",
-    **extra: Any,
+    dtype: str = "fp32",
+    tie_embeddings: bool = False,
 ) -> GPT:
     """Model factory for job specs: ``orchestrator.models.gpt:make_gpt`` with shape kwargs.
 
-    ``vocab_size`` 256 matches the byte tokenizer. Extra ``ModelSpec`` fields (``dtype``) pass
-    through; the worker still trains in fp32.
+    ``vocab_size`` 256 matches the byte tokenizer. ``dtype`` is what the planner assumes; the
+    worker trains in fp32. ``tie_embeddings`` is refused (the example's head is untied).
     """
     spec = ModelSpec(
         name=name,
@@ -137,7 +146,8 @@ def make_gpt(
         sequence_length=sequence_length,
         vocab_size=vocab_size,
         ffn_hidden_size=ffn_hidden_size,
-        **extra,
+        dtype=Dtype(dtype),
+        tie_embeddings=tie_embeddings,
     )
     return GPT(spec)
 

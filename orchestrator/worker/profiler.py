@@ -1,0 +1,228 @@
+"""Measure per-layer forward, backward and update seconds, and memory, on the local device.
+
+For each planner layer and candidate microbatch size: median seconds of forward, backward and
+the optimizer update (``warmup`` untimed runs, then ``repeats`` timed), the bytes autograd saves
+for backward (counted by a saved-tensors hook, so the same on CPU and GPU) and the parameter
+bytes. The result is the planner's own :class:`~orchestrator.spec.profiles.ProfileFile`.
+
+Emulation: with ``slowdown_factor > 1`` every time is multiplied by the factor and the file says
+``emulated: true``; that is how a CPU node labelled as a slower device type is profiled.
+
+:class:`ProfileCache` keeps one file per (model, device type); its key hashes the factory, its
+arguments, every layer's parameter names and shapes, the microbatch sizes, the factor and the
+torch version, so a changed model is profiled again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileFile, read_profile
+from orchestrator.worker.data import DataConfig, make_dataset
+from orchestrator.worker.engine import build_layers
+from orchestrator.worker.model_api import LayeredModel, build_model
+from orchestrator.worker.optim import make_optimizer
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """What to profile: a model by factory, on which device type, for which microbatches."""
+
+    model_factory: str
+    model_kwargs: dict[str, Any]
+    device_type: str
+    microbatch_sizes: tuple[int, ...]
+    data: DataConfig
+    optimizer: str = "adam"
+    slowdown_factor: float = 1.0  # emulation; 1.0 = real speed
+    warmup: int = 1
+    repeats: int = 3
+    seed: int = 0
+
+
+def profile(request: ProfileRequest, device: torch.device | None = None) -> ProfileFile:
+    """Measure every planner layer of the model at every microbatch size."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if request.slowdown_factor != 1.0 and device.type == "cuda":
+        raise ValueError("emulated slow-down is for CPU profiling only, not on a real GPU")
+    model = build_model(request.model_factory, dict(request.model_kwargs))
+    layers = build_layers(model, range(model.num_planner_layers), request.seed, device)
+    dataset = make_dataset(request.data, request.seed)
+    entries = []
+    for mbs in request.microbatch_sizes:
+        inputs, targets = dataset.batch(0, mbs, 0, mbs)
+        timings = {
+            i: _profile_layer(model, layers, i, inputs.to(device), targets.to(device), request)
+            for i in range(model.num_planner_layers)
+        }
+        entries.append(ProfileEntry(microbatch_size=mbs, tp=1, layers=timings))
+    emulated = request.slowdown_factor != 1.0
+    return ProfileFile(
+        model=model.name,
+        device_type=request.device_type,
+        sequence_length=request.data.sequence_length,
+        dtype="fp32",
+        source=_source(device, request.slowdown_factor),
+        emulated=emulated,
+        entries=entries,
+    )
+
+
+def _profile_layer(
+    model: LayeredModel,
+    layers: dict[int, nn.Module],
+    index: int,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    request: ProfileRequest,
+) -> LayerTiming:
+    layer = layers[index]
+    is_last = index == model.num_planner_layers - 1
+    optimizer = make_optimizer(request.optimizer, layer.parameters(), 1e-6)
+    sync = _sync_fn(inputs.device)
+    forward_s, backward_s, update_s = [], [], []
+    saved_bytes = 0
+    for run in range(request.warmup + request.repeats):
+        x = _layer_input(model, layers, index, inputs)
+        counter = _SavedBytes(layer)
+        start = time.perf_counter()
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+            out = layer(x)
+            if is_last:
+                out = model.loss(out, targets)
+        sync()
+        mid = time.perf_counter()
+        if is_last:
+            out.backward()
+        else:
+            out.backward(torch.ones_like(out))
+        sync()
+        end = time.perf_counter()
+        optimizer.step()
+        sync()
+        done = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        if run >= request.warmup:
+            forward_s.append(mid - start)
+            backward_s.append(end - mid)
+            update_s.append(done - end)
+            saved_bytes = max(saved_bytes, counter.total_bytes)
+    factor = request.slowdown_factor
+    return LayerTiming(
+        forward_s=factor * statistics.median(forward_s),
+        backward_s=factor * statistics.median(backward_s),
+        update_s=factor * statistics.median(update_s),
+        activation_bytes=saved_bytes,
+        param_bytes=sum(p.numel() * p.element_size() for p in layer.parameters()),
+    )
+
+
+def _layer_input(
+    model: LayeredModel, layers: dict[int, nn.Module], index: int, inputs: torch.Tensor
+) -> torch.Tensor:
+    """Layer 0 takes the token batch; later layers a fresh activation that requires grad."""
+    if index == 0:
+        return inputs
+    with torch.no_grad():
+        x = layers[0](inputs)  # realistic values (LayerNorm statistics), not just the shape
+    assert tuple(x.shape) == tuple(model.boundary_shape(inputs.shape[0]))
+    return x.detach().requires_grad_(True)
+
+
+class _SavedBytes:
+    """Saved-tensors hook pair that adds up what autograd keeps for backward."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.total_bytes = 0
+        # Parameters (and views of them, like a transposed weight) are not activations.
+        self._seen = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr not in self._seen:
+            self._seen.add(ptr)
+            self.total_bytes += tensor.untyped_storage().nbytes()
+        return tensor
+
+    @staticmethod
+    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+
+def _sync_fn(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _source(device: torch.device, factor: float) -> str:
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    text = f"measured by orchestrator.worker.profiler on {what}, torch {torch.__version__}"
+    if factor != 1.0:
+        text += f"; emulated: times stretched x{factor:g}"
+    return text
+
+
+class ProfileCache:
+    """Profiles on disk, one per (model, device type), re-measured when the model changes."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def key(self, request: ProfileRequest) -> str:
+        """Hash of everything that changes the measurement, including the layers' shapes."""
+        model = build_model(request.model_factory, dict(request.model_kwargs))
+        shapes = [
+            [(name, list(p.shape)) for name, p in model.build_layer(i).named_parameters()]
+            for i in range(model.num_planner_layers)
+        ]
+        payload = {
+            "factory": request.model_factory,
+            "kwargs": request.model_kwargs,
+            "shapes": shapes,
+            "microbatch_sizes": list(request.microbatch_sizes),
+            "sequence_length": request.data.sequence_length,
+            "optimizer": request.optimizer,
+            "slowdown_factor": request.slowdown_factor,
+            "torch": torch.__version__,
+        }
+        blob = json.dumps(payload, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def path(self, request: ProfileRequest, model_name: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
+        return self.root / safe / f"{request.device_type}-{self.key(request)}.json"
+
+    def get_or_profile(
+        self, request: ProfileRequest, device: torch.device | None = None
+    ) -> tuple[ProfileFile, bool]:
+        """The cached profile if its key matches, else a fresh one (written atomically).
+
+        Returns ``(profile, from_cache)``.
+        """
+        name = build_model(request.model_factory, dict(request.model_kwargs)).name
+        path = self.path(request, name)
+        if path.is_file():
+            return read_profile(path), True
+        result = profile(request, device)
+        write_profile(result, path)
+        return result, False
+
+
+def write_profile(result: ProfileFile, path: Path) -> None:
+    """Write a profile where the planner reads it (``--profiles DIR``), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    tmp.write_text(result.to_json())
+    tmp.rename(path)
