@@ -39,19 +39,31 @@ def pipeline_deadline_s(groups: list[Group], total_microbatches: int) -> float |
     replicas = sum(g.count for g in groups)
     if replicas == 0 or replicas > total_microbatches:
         return None
-    lo = max(g.template.sum_s for g in groups)  # every replica runs at least one microbatch
-    if sum(g.count * _microbatches_by(g.template, lo) for g in groups) >= total_microbatches:
+    shape = [(g.count, g.template.sum_s, g.template.bottleneck_s) for g in groups]
+
+    def done_by(deadline_s: float) -> int:
+        return sum(c * (int((deadline_s - s) / t) + 1) for c, s, t in shape if deadline_s >= s)
+
+    lo = max(s for _, s, _ in shape)  # every replica runs at least one microbatch
+    if done_by(lo) >= total_microbatches:
         return lo
-    hi = lo + total_microbatches * max(g.template.bottleneck_s for g in groups)
+    # Bracket from the continuous relaxation: with x = (T - s) / t, floor(x) + 1 lies in
+    # (x, x + 1], so the deadline lies between the T solving sum c (x + 1) = M and the T solving
+    # sum c x = M -- an interval at most one bottleneck wide.
+    rate = sum(c / t for c, _, t in shape)
+    offset = sum(c * s / t for c, s, t in shape)
+    lo = max(lo, (total_microbatches - replicas + offset) / rate)
+    hi = max(lo, (total_microbatches + offset) / rate) * (1 + 1e-12)
+    while done_by(hi) < total_microbatches:  # guards float rounding only
+        hi += max(t for _, _, t in shape)
     for _ in range(_BISECTIONS):
+        if hi - lo <= 1e-12 * hi:
+            break
         mid = (lo + hi) / 2
-        done = sum(g.count * _microbatches_by(g.template, mid) for g in groups)
-        if done >= total_microbatches:
+        if done_by(mid) >= total_microbatches:
             hi = mid
         else:
             lo = mid
-        if hi - lo <= 1e-12 * hi:
-            break
     return hi
 
 

@@ -72,12 +72,25 @@ def _best_selection(
     config: SearchConfig,
     device_types: list[str] | None = None,
 ) -> Selection | None:
+    """Single-type templates at every microbatch size; two-type replicas on top of the few
+    microbatch sizes that did best (or of all, when single-type replicas found nothing)."""
+    searches = {
+        mbs: SelectionSearch(tables, infos, training.global_batch_size, mbs, config)
+        for mbs in _microbatch_sizes(training)
+    }
+    found = {mbs: search.run(device_types, mixed=False) for mbs, search in searches.items()}
+    ranked = sorted(
+        searches, key=lambda mbs: (found[mbs] is None, found[mbs].key if found[mbs] else (), mbs)
+    )
+    if device_types is None:
+        feasible = [m for m in ranked if found[m] is not None]
+        for mbs in ranked if not feasible else feasible[: config.mixed_microbatch_sizes]:
+            found[mbs] = searches[mbs].add_mixed(found[mbs])
     best: Selection | None = None
-    for mbs in _microbatch_sizes(training):
-        search = SelectionSearch(tables, infos, training.global_batch_size, mbs, config)
-        found = search.run(device_types)
-        if found is not None and (best is None or found.key < best.key):
-            best = found
+    for mbs in sorted(found):
+        sel = found[mbs]
+        if sel is not None and (best is None or sel.key < best.key):
+            best = sel
     return best
 
 

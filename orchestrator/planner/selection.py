@@ -34,6 +34,9 @@ class SearchConfig:
     max_mixed_depth_each: int = 8
     mixed_rounds: int = 2
     mixed_beam_width: int = 8
+    mixed_templates_per_round: int = 64
+    # Two-type replicas are tried at this many of the best microbatch sizes.
+    mixed_microbatch_sizes: int = 2
     # Two-type replicas are tried when some type cannot hold the model alone, or when the cluster
     # is at most this large (beyond it, whole single-type replicas with uneven batch shares reach
     # the same speed and the extra candidates only cost search time).
@@ -171,31 +174,41 @@ class SelectionSearch:
         beam: list[Selection | None] = [sel]
         for _ in range(cfg.mixed_rounds):
             expansions: dict[tuple[object, ...], Selection] = {}
+            score_by_template: dict[int, float] = {}
             for state in beam:
                 base = list(state.groups) if state else []
-                for t in candidates:
+                for i, t in enumerate(candidates):
                     most = min(free[d] // n for d, n in t.usage.items())
                     for count in sorted({1, 2, 4, 8, 16, most} & set(range(1, most + 1))):
                         left = {d: free[d] - count * t.usage.get(d, 0) for d in free}
-                        found = _score(
-                            [Group(t, count), *_fit_counts(base, left)], self.batch, self.infos
-                        )
+                        groups = [Group(t, count), *_fit_counts(base, left)]
+                        found = _score(groups, self.batch, self.infos)
                         if found is not None:
                             expansions[found.key] = found
+                            score_by_template[i] = min(
+                                score_by_template.get(i, float("inf")), found.step_s
+                            )
             if not expansions:
                 break
             ranked = [expansions[k] for k in sorted(expansions)]
             best = _better(best, ranked[0])
             beam = list(ranked[: cfg.mixed_beam_width])
+            # The next round expands with the templates that did best in this one.
+            keep = sorted(score_by_template, key=lambda i: (score_by_template[i], i))
+            candidates = [candidates[i] for i in keep[: cfg.mixed_templates_per_round]]
         return best
 
-    def run(self, device_types: list[str] | None = None) -> Selection | None:
+    def run(self, device_types: list[str] | None = None, mixed: bool = True) -> Selection | None:
         """Best selection using only ``device_types`` (default: all present)."""
         types = sorted(device_types or self.infos)
         options = {d: self._options(d) for d in types}
         best = self._combine(options)
         if best is not None:
             best = self._fill_leftovers(best, types)
-        if device_types is None:
+        if device_types is None and mixed:
             best = self._with_mixed(best)
         return best
+
+    def add_mixed(self, sel: Selection | None) -> Selection | None:
+        """Try two-type replicas on top of a single-type selection from :meth:`run`."""
+        return self._with_mixed(sel)

@@ -8,7 +8,7 @@ costs no more than choosing among a handful of templates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.costmodel import comm
 from orchestrator.costmodel.tables import CostTables
@@ -86,13 +86,13 @@ class Template:
             out[name] = out.get(name, 0) + tp
         return out
 
-    @property
-    def bottleneck_s(self) -> float:
-        return self.split.bottleneck_s
+    def __post_init__(self) -> None:
+        # Read in the search's innermost loop: computed once, not per access.
+        object.__setattr__(self, "bottleneck_s", max(self.split.stage_s))
+        object.__setattr__(self, "sum_s", sum(self.split.stage_s))
 
-    @property
-    def sum_s(self) -> float:
-        return sum(self.split.stage_s)
+    bottleneck_s: float = field(init=False, compare=False)
+    sum_s: float = field(init=False, compare=False)
 
 
 def _p2p_bandwidth(a: TypeInfo, b: TypeInfo, stage_types: tuple[tuple[str, int], ...]) -> float:
