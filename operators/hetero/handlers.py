@@ -40,11 +40,20 @@ def _now_iso() -> str:
     return dt.datetime.now(tz=dt.UTC).isoformat(timespec="seconds")
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own credentials: the pod's service account, else the kubeconfig (as load_client)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/hetero-operator"
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    # Watch the namespace given on the command line without listing namespaces or CRDs: the
+    # operator's RBAC grants neither (least privilege).
+    settings.scanning.disabled = True
     memo.kube = Kube(load_client())
     memo.node_states = {}
 

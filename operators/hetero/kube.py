@@ -7,6 +7,7 @@ failures that a retry may fix (5xx, 429, connection errors) become
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import kubernetes
@@ -23,7 +24,8 @@ def load_client() -> ApiClient:
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
+        # Read KUBECONFIG now: the client library reads it once, when it is imported.
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     return ApiClient()
 
 

@@ -14,8 +14,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-
-from tests.helm.conftest import (
+from chart_support import (
     CHART,
     EXAMPLES,
     KUBERNETES_VERSION,
@@ -161,7 +160,7 @@ def test_operator_rbac_is_least_privilege() -> None:
     cluster_verbs = {v for rule in cluster_role["rules"] for v in rule["verbs"]}
     assert cluster_verbs == {"get", "list", "watch"}  # read-only cluster-wide
     cluster_resources = {r for rule in cluster_role["rules"] for r in rule["resources"]}
-    assert cluster_resources == {"nodes", "customresourcedefinitions"}
+    assert cluster_resources == {"nodes"}
     (role,) = by_kind(objects, "Role")
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"]
