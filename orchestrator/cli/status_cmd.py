@@ -18,7 +18,7 @@ from typing import Any
 
 from orchestrator.errors import UserError
 
-DEFAULT_ADDRESS = "http://127.0.0.1:9469"  # telemetry.server.DEFAULT_HOST / DEFAULT_PORT
+DEFAULT_ADDRESS = "http://127.0.0.1:9400"  # telemetry.server.DEFAULT_HOST / DEFAULT_PORT
 EXIT_NO_JOB = 1
 
 
@@ -49,7 +49,7 @@ def status_url(address: str) -> str:
         raise UserError(
             f"{address!r} is not an HTTP address",
             field="--address",
-            fix="give the controller's telemetry endpoint, e.g. http://10.0.0.5:9469",
+            fix="give the controller's telemetry endpoint, e.g. http://10.0.0.5:9400",
         )
     for suffix in ("/metrics", "/v1/status"):
         if address.endswith(suffix):

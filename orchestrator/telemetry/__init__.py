@@ -2,7 +2,7 @@
 
 The controller's process wires it once at start-up::
 
-    telemetry = Telemetry(run="llama-8b", host="0.0.0.0", port=9469,
+    telemetry = Telemetry(run="llama-8b", host="0.0.0.0", port=9400,
                           node_event_handler=controller.post_node_event).start()
     controller = Controller(..., callbacks=[*telemetry.callbacks, ...])
     ...

@@ -29,7 +29,7 @@ from orchestrator.errors import UserError
 from orchestrator.telemetry.node_events import NodeEvent, parse_node_event
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 9469
+DEFAULT_PORT = 9400
 MAX_BODY_BYTES = 64 * 1024  # a node event is a few hundred bytes
 
 StatusProvider = Callable[[], dict[str, Any]]
@@ -72,7 +72,7 @@ class TelemetryServer:
 
     @property
     def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:9469``."""
+        """Base URL, e.g. ``http://127.0.0.1:9400``."""
         host = self._host if self._host not in ("", "0.0.0.0", "::") else "127.0.0.1"
         return f"http://{host}:{self.port}"
 

@@ -68,7 +68,7 @@ def test_a_non_http_address_is_a_user_error(capsys):
 @pytest.mark.parametrize(
     ("address", "url"),
     [
-        ("10.0.0.5:9469", "http://10.0.0.5:9469/v1/status"),
+        ("10.0.0.5:9400", "http://10.0.0.5:9400/v1/status"),
         ("http://h:1/metrics", "http://h:1/v1/status"),
         ("https://h/v1/status/", "https://h/v1/status"),
     ],
