@@ -131,7 +131,7 @@ def test_cordon_by_flag_or_taint() -> None:
 
 def test_spot_taint_deadline_from_time_added_plus_notice() -> None:
     taint = [{"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule",
-              "timeAdded": "2027-01-15T08:00:00Z"}]
+              "timeAdded": "2030-01-01T00:00:00Z"}]  # 1893456000 s, not now
     event = node_event(state(taints=taint), state(), now_unix_s=NOW_S)
     assert event.event is NodeEventKind.SPOT_TERMINATION
     assert event.deadline_unix_s == 1893456000.0 + 30.0  # GCE's 30 s notice
