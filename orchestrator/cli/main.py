@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from orchestrator import __version__
 from orchestrator.errors import UserError
@@ -29,8 +30,15 @@ COMMAND_MODULES = (
 EXIT_USER_ERROR = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line (with where to look) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="orchestrator",
         description="Plan, run and adapt PyTorch training on mixed and changing GPU clusters.",
     )
