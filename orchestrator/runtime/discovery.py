@@ -153,9 +153,15 @@ def cluster_from_nodes(nodes: Sequence[RayNode], catalog: DeviceCatalog | None =
 
 
 def emulated_reference_speed(nodes: Sequence[RayNode]) -> float | None:
-    """The fastest emulated speed present (it runs at real speed); None if nothing is emulated."""
+    """The speed that runs unstretched; None if nothing is emulated.
+
+    Speeds are relative to the host's real speed (1.0). The reference is 1.0, or the fastest
+    emulated speed when one is above 1.0: labels 1.0 and 0.25 run the fast type at real speed and
+    stretch the slow one 4x; labels 0.5 and 0.125 keep the same 4x gap with both stretched, which
+    leaves CPU time to spare when many emulated workers share few cores.
+    """
     speeds = [n.emulated_speed for n in nodes if n.emulated_speed is not None]
-    return max(speeds) if speeds else None
+    return max(1.0, *speeds) if speeds else None
 
 
 def slowdown_factor(node: RayNode, reference_speed: float | None) -> float:

@@ -1,0 +1,178 @@
+"""Our runtime against Ray Train's TorchTrainer on emulated clusters (figures in one run).
+
+Heterogeneous: 2 fast (A100-80, emulated speed 0.5) + 2 slow (T4, emulated speed 0.125)
+one-CPU Ray nodes: a 4x gap. The model is profiled on both types with ``orchestrator profile``'s
+machinery (one actor per type, times stretched by the emulated speed), the planner plans with
+those profiles, and then, on the same nodes:
+
+- our runtime runs the planner's plan;
+- our runtime runs the planner's fastest-type-only plan;
+- TorchTrainer runs uniform data parallel (equal batch per worker, slow workers stretched alike).
+
+Homogeneous: 4 A100-80 nodes at speed 0.5; our planned plan against TorchTrainer.
+
+Ratios printed: throughput ours / TorchTrainer (target >= 1.5), ours / fastest-only (>= 1.2),
+measured / predicted step time (within 15%), homogeneous step time ours / TorchTrainer (<= 1.05).
+Everything here is emulated on CPUs. Nothing passes or fails; the figures go to
+docs/benchmarks.md.
+
+Run: .venv/bin/python bench/runtime_emulated.py [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from emulated_cluster import emulated_cluster
+from ray_train_baseline import run_torchtrainer
+
+from orchestrator.planner import make_plan
+from orchestrator.runtime.actor import WorkerJob
+from orchestrator.runtime.discovery import cluster_from_nodes, discover_nodes
+from orchestrator.runtime.group import WorkerGroup
+from orchestrator.runtime.profiling import profile_device_types
+from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.plan import Plan
+from orchestrator.spec.profiles import ProfileSet
+
+SHAPE = ModelSpec(
+    name="gpt-bench",
+    num_layers=4,
+    hidden_size=128,
+    num_heads=4,
+    sequence_length=64,
+    vocab_size=256,
+    dtype="fp32",
+)
+GLOBAL_BATCH = 64
+MICROBATCHES = [2, 4, 8]
+# A 4x speed gap. Both types are stretched (speeds relative to the host CPU) so that four workers
+# leave CPU time to spare on a small machine: 2 x 1/2 + 2 x 1/8 = 1.25 cores busy at most.
+FAST, SLOW = ("A100-80", 0.5), ("T4", 0.125)
+REFERENCE_SPEED = 1.0  # the host CPU (orchestrator.runtime.discovery.emulated_reference_speed)
+
+
+def bench_job() -> WorkerJob:
+    return WorkerJob(
+        model_factory="orchestrator.models.gpt:make_gpt",
+        model_kwargs=SHAPE.model_dump(mode="json", exclude_none=True),
+        data={"sequence_length": SHAPE.sequence_length},
+        optimizer="adam",
+        learning_rate=1e-3,
+    )
+
+
+def training() -> TrainingSpec:
+    return TrainingSpec(
+        global_batch_size=GLOBAL_BATCH,
+        microbatch_sizes=MICROBATCHES,
+        optimizer="adam",
+        mixed_precision=False,
+        max_tensor_parallel=1,
+    )
+
+
+def measure_ours(job: WorkerJob, plan: Plan, steps: int, warmup: int = 3) -> tuple[float, bool]:
+    """Mean step time of ``plan`` through the WorkerGroup, timed at the driver."""
+    group = WorkerGroup(job)
+    try:
+        group.launch(plan)
+        for _ in range(warmup):
+            group.step()
+        started = time.perf_counter()
+        for _ in range(steps):
+            group.step()
+        return (time.perf_counter() - started) / steps, group.emulated
+    finally:
+        group.stop()
+
+
+def describe(plan: Plan) -> str:
+    parts = []
+    for r in plan.replicas:
+        stages = "+".join(f"{s.device_type}[{s.layers[0]},{s.layers[1]})" for s in r.stages)
+        parts.append(f"b{r.batch_size}:{stages}")
+    return f"mb{plan.microbatch_size} " + " | ".join(parts)
+
+
+def plan_with_profiles(job: WorkerJob, work: Path) -> tuple[object, ProfileSet]:
+    nodes = discover_nodes()
+    profiled = profile_device_types(
+        job, nodes, MICROBATCHES, work / "profiles", work / "cache", out=lambda s: None
+    )
+    for p in profiled:
+        print(f"  profile {p.device_type}: emulated={p.emulated} x{p.slowdown_factor:g}")
+    profiles = ProfileSet.load([work / "profiles"]).for_model(SHAPE.name)
+    return make_plan(cluster_from_nodes(nodes), SHAPE, training(), profiles), profiles
+
+
+def heterogeneous(job: WorkerJob, steps: int, work: Path) -> dict[str, float]:
+    print(f"heterogeneous (emulated): 2 x {FAST[0]} @{FAST[1]} + 2 x {SLOW[0]} @{SLOW[1]}")
+    with emulated_cluster([(FAST[0], FAST[1], 2), (SLOW[0], SLOW[1], 2)]):
+        result, _ = plan_with_profiles(job, work)
+        plan = result.plan  # type: ignore[attr-defined]
+        fastest = result.baselines["fastest_type_only"].plan  # type: ignore[attr-defined]
+        predicted_s = result.estimate.step_time_s  # type: ignore[attr-defined]
+        ours_s, emulated = measure_ours(job, plan, steps)
+        fastest_s, _ = measure_ours(job, fastest, steps)
+        trainer = run_torchtrainer(job, GLOBAL_BATCH, 4, REFERENCE_SPEED, steps)
+    print(f"  planned plan     {describe(plan)}")
+    print(f"  fastest-only     {describe(fastest)}")
+    rows = [
+        ("ours, planned plan", ours_s),
+        ("ours, fastest-type-only plan", fastest_s),
+        ("TorchTrainer, uniform DP (4 workers)", trainer.step_time_s),
+    ]
+    for name, step_s in rows:
+        print(f"  {name:<38} step {step_s:.4f} s  {GLOBAL_BATCH / step_s:8.1f} samples/s")
+    figures = {
+        "vs_torchtrainer": trainer.step_time_s / ours_s,
+        "vs_fastest_only": fastest_s / ours_s,
+        "measured_over_predicted": ours_s / predicted_s,
+    }
+    print(f"  predicted step (planner, measured profiles) {predicted_s:.4f} s")
+    print(f"  throughput ours / TorchTrainer   {figures['vs_torchtrainer']:.2f}x  (target >= 1.5)")
+    print(f"  throughput ours / fastest-only   {figures['vs_fastest_only']:.2f}x  (target >= 1.2)")
+    print(
+        f"  measured / predicted step time   {figures['measured_over_predicted']:.2f}"
+        "  (target 0.85..1.15)"
+    )
+    print(f"  emulated: {emulated and trainer.emulated}")
+    return figures
+
+
+def homogeneous(job: WorkerJob, steps: int, work: Path) -> dict[str, float]:
+    print(f"homogeneous (emulated): 4 x {FAST[0]} @{FAST[1]}")
+    with emulated_cluster([(FAST[0], FAST[1], 4)]):
+        result, _ = plan_with_profiles(job, work)
+        plan = result.plan  # type: ignore[attr-defined]
+        ours_s, _ = measure_ours(job, plan, steps)
+        trainer = run_torchtrainer(job, GLOBAL_BATCH, 4, REFERENCE_SPEED, steps)
+    print(f"  planned plan     {describe(plan)}")
+    print(f"  ours step {ours_s:.4f} s, TorchTrainer step {trainer.step_time_s:.4f} s")
+    ratio = ours_s / trainer.step_time_s
+    print(f"  step time ours / TorchTrainer    {ratio:.3f}  (target <= 1.05)")
+    return {"homogeneous_step_ratio": ratio}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--skip-homogeneous", action="store_true")
+    args = parser.parse_args()
+    job = bench_job()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        heterogeneous(job, args.steps, work)
+        if not args.skip_homogeneous:
+            homogeneous(job, args.steps, work)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Profile a model on every device type of the Ray cluster: one actor per type, on a node of it.
+
+Each actor runs the worker side's profiler (``orchestrator.worker.profiler``) on its node's device,
+with the node's emulated slow-down where the node carries an emulated speed and has no real GPU.
+The driver keeps a cache per (model, device type) whose key changes when the model does, and
+writes one planner profile per type to ``OUT/<model>/<device type>.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from orchestrator.runtime.actor import WorkerJob, has_real_gpu
+from orchestrator.runtime.discovery import RayNode, emulated_reference_speed, slowdown_factor
+from orchestrator.spec.profiles import ProfileFile
+
+
+@dataclass(frozen=True)
+class ProfiledType:
+    """The outcome for one device type."""
+
+    device_type: str
+    path: Path
+    from_cache: bool
+    emulated: bool
+    slowdown_factor: float
+
+
+@ray.remote(max_retries=0)
+def _profile_remote(request: Any) -> tuple[ProfileFile, Any]:
+    """Profile on this node; drop the emulated slow-down where a real GPU is present."""
+    from orchestrator.worker.profiler import profile
+
+    if has_real_gpu():
+        request = replace(request, slowdown_factor=1.0)
+    return profile(request), request
+
+
+def _request(
+    job: WorkerJob, device_type: str, microbatch_sizes: Sequence[int], factor: float
+) -> Any:
+    from orchestrator.worker.data import DataConfig
+    from orchestrator.worker.profiler import ProfileRequest
+
+    return ProfileRequest(
+        model_factory=job.model_factory,
+        model_kwargs=dict(job.model_kwargs),
+        device_type=device_type,
+        microbatch_sizes=tuple(sorted(set(microbatch_sizes))),
+        data=DataConfig(**job.data),
+        optimizer=job.optimizer,
+        slowdown_factor=factor,
+        seed=job.seed,
+    )
+
+
+def _selector(node: RayNode) -> dict[str, str]:
+    return {node.type_label: node.device_type} if node.type_label else {}
+
+
+def profile_device_types(
+    job: WorkerJob,
+    nodes: Sequence[RayNode],
+    microbatch_sizes: Sequence[int],
+    out_dir: Path,
+    cache_dir: Path,
+    force: bool = False,
+    out: Callable[[str], None] = print,
+) -> list[ProfiledType]:
+    """Profile every device type present in ``nodes`` (one actor each, run one after another)."""
+    from orchestrator.spec.profiles import read_profile
+    from orchestrator.worker.model_api import build_model
+    from orchestrator.worker.profiler import ProfileCache, write_profile
+
+    model_name = build_model(job.model_factory, dict(job.model_kwargs)).name
+    cache = ProfileCache(cache_dir)
+    reference = emulated_reference_speed(nodes)
+    first_of_type: dict[str, RayNode] = {}
+    for node in nodes:
+        first_of_type.setdefault(node.device_type, node)
+    results: list[ProfiledType] = []
+    for device_type, node in sorted(first_of_type.items()):
+        factor = slowdown_factor(node, reference) if node.emulated else 1.0
+        request = _request(job, device_type, microbatch_sizes, factor)
+        cached = cache.path(request, model_name)
+        from_cache = cached.is_file() and not force
+        if from_cache:
+            result = read_profile(cached)
+        else:
+            tag = f" (emulated x{factor:g})" if node.emulated else ""
+            out(f"profiling {model_name} on {device_type}{tag} ...")
+            options: dict[str, Any] = {"label_selector": _selector(node)} if _selector(node) else {}
+            if node.uses_gpus:
+                options["num_gpus"] = 1
+            result, request = ray.get(_profile_remote.options(**options).remote(request))
+            if node.emulated and not result.emulated:
+                # An emulated type at the reference speed is stretched x1, but still emulated.
+                source = f"{result.source}; emulated device type (CPU at reference speed)"
+                result = result.model_copy(update={"emulated": True, "source": source})
+            write_profile(result, cache.path(request, model_name))
+        target = out_dir / _safe(result.model) / f"{_safe(device_type)}.json"
+        write_profile(result, target)
+        results.append(
+            ProfiledType(device_type, target, from_cache, result.emulated, request.slowdown_factor)
+        )
+    return results
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
