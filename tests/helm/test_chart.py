@@ -17,6 +17,7 @@ import yaml
 from chart_support import (
     CHART,
     EXAMPLES,
+    HTJ_CRD,
     KUBERNETES_VERSION,
     by_kind,
     helm,
@@ -282,3 +283,19 @@ def test_bad_values_fail_with_a_message_naming_the_field(sets, words) -> None:
     assert result.returncode != 0
     for word in words:
         assert word in result.stderr, result.stderr
+
+
+def test_sample_heterotrainingjob_is_valid(kuberay_validators) -> None:
+    from operators.hetero.spec import parse_job_spec
+
+    sample = yaml.safe_load((EXAMPLES / "heterotrainingjob.yaml").read_text())
+    errors = list(kuberay_validators["HeteroTrainingJob"].iter_errors(sample))
+    assert not errors, [e.message for e in errors]
+    spec = parse_job_spec(sample["spec"])
+    assert [p.name for p in spec.pools] == ["a100", "l4"]
+
+
+def test_operator_crd_is_a_valid_kubernetes_object() -> None:
+    crd = yaml.safe_load(HTJ_CRD.read_text())
+    kubernetes_validate.validate(crd, KUBERNETES_VERSION, strict=True)
+    assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
