@@ -40,7 +40,9 @@ def main() -> None:
         cols = []
         for name in ("uniform_data_parallel", "fastest_type_only"):
             est = result.baselines[name].estimate
-            cols.append(f"{est.step_time_s / result.estimate.step_time_s:.2f}x" if est else "infeasible")
+            cols.append(
+                f"{est.step_time_s / result.estimate.step_time_s:.2f}x" if est else "infeasible"
+            )
         label = " + ".join(f"{n * k}x {d}" for d, n, k in groups)
         print(
             f"{model_name:<14} {label:<40} {result.estimate.step_time_s:>8.3f} "

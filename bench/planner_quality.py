@@ -80,7 +80,9 @@ CASES = [
 
 
 def main() -> None:
-    print(f"{'model':<12} {'cluster':<36} {'GPUs':>4} {'plans':>8} {'ours/opt':>9} {'ours s':>7} {'exh s':>7}")
+    print(
+        f"{'model':<12} {'cluster':<36} {'GPUs':>4} {'plans':>8} {'ours/opt':>9} {'ours s':>7} {'exh s':>7}"
+    )
     worst = 1.0
     for model_name, groups, batch in CASES:
         model: ModelSpec = builtin_model(model_name)
@@ -105,7 +107,9 @@ def main() -> None:
         ratio = opt.step_time_s / ours.estimate.step_time_s  # throughput ratio ours / optimum
         worst = min(worst, ratio)
         label = " + ".join(f"{n * k}x {d}" for d, n, k in groups)
-        print(f"{model_name:<12} {label:<36} {cluster.num_devices:>4} {visited:>8} {ratio:>9.3f} {ours_s:>7.2f} {exh_s:>7.1f}")
+        print(
+            f"{model_name:<12} {label:<36} {cluster.num_devices:>4} {visited:>8} {ratio:>9.3f} {ours_s:>7.2f} {exh_s:>7.1f}"
+        )
     print(f"worst ours/optimum: {worst:.3f} (target >= 0.98)")
 
 

@@ -20,7 +20,12 @@ def cluster_of(num_gpus: int) -> ClusterSpec:
     nodes_per_type = max(1, num_gpus // (8 * len(TYPES)))
     return ClusterSpec(
         node_groups=[
-            {"name": t.lower(), "device_type": t, "num_nodes": nodes_per_type, "devices_per_node": 8}
+            {
+                "name": t.lower(),
+                "device_type": t,
+                "num_nodes": nodes_per_type,
+                "devices_per_node": 8,
+            }
             for t in TYPES
         ]
     )
@@ -42,17 +47,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="64,1024,10240")
     args = parser.parse_args()
-    print(f"{'GPUs':>6} {'search s':>9} {'step s':>8} {'/bound':>7} {'vs uniform DP':>14} {'vs fastest-only':>16}")
+    print(
+        f"{'GPUs':>6} {'search s':>9} {'step s':>8} {'/bound':>7} {'vs uniform DP':>14} {'vs fastest-only':>16}"
+    )
     for size in (int(s) for s in args.sizes.split(",")):
         cluster = cluster_of(size).resolve()
-        training = TrainingSpec(global_batch_size=max(256, size // 2), microbatch_sizes=[1, 2, 4, 8])
+        training = TrainingSpec(
+            global_batch_size=max(256, size // 2), microbatch_sizes=[1, 2, 4, 8]
+        )
         started = time.perf_counter()
         result = make_plan(cluster, MODEL, training)
         wall_s = time.perf_counter() - started
         ratios = []
         for name in ("uniform_data_parallel", "fastest_type_only"):
             est = result.baselines[name].estimate
-            ratios.append(f"{est.step_time_s / result.estimate.step_time_s:.2f}x" if est else "infeasible")
+            ratios.append(
+                f"{est.step_time_s / result.estimate.step_time_s:.2f}x" if est else "infeasible"
+            )
         print(
             f"{cluster.num_devices:>6} {wall_s:>9.2f} {result.estimate.step_time_s:>8.3f} "
             f"{result.bound_ratio:>7.3f} {ratios[0]:>14} {ratios[1]:>16}"
