@@ -48,7 +48,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="64,1024,10240")
     args = parser.parse_args()
     print(
-        f"{'GPUs':>6} {'search s':>9} {'step s':>8} {'/bound':>7} {'vs uniform DP':>14} {'vs fastest-only':>16}"
+        f"{'GPUs':>6} {'search s':>9} {'step s':>8} {'/bound':>7} "
+        f"{'vs uniform DP':>14} {'vs fastest-only':>16}"
     )
     for size in (int(s) for s in args.sizes.split(",")):
         cluster = cluster_of(size).resolve()
