@@ -34,6 +34,12 @@ class DataConfig:
     dataset_factory: str | None = None
     dataset_kwargs: tuple[tuple[str, Any], ...] = ()
 
+    def __post_init__(self) -> None:
+        # Accept a mapping (as written in a job file); store sorted pairs so the config hashes.
+        kwargs: Any = self.dataset_kwargs
+        if isinstance(kwargs, dict):
+            object.__setattr__(self, "dataset_kwargs", tuple(sorted(kwargs.items())))
+
 
 @runtime_checkable
 class Dataset(Protocol):
@@ -83,7 +89,7 @@ class CorpusDataset:
 def make_dataset(config: DataConfig, seed: int = 0) -> Dataset:
     """Build the dataset a :class:`DataConfig` names."""
     if config.dataset_factory:
-        factory = load_factory(config.dataset_factory)
+        factory = load_factory(config.dataset_factory, field="data.dataset_factory")
         dataset = factory(
             sequence_length=config.sequence_length, seed=seed, **dict(config.dataset_kwargs)
         )

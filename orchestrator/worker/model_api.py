@@ -60,13 +60,13 @@ class LayeredModel(Protocol):
         ...
 
 
-def load_factory(path: str) -> Callable[..., Any]:
+def load_factory(path: str, field: str = "model.factory") -> Callable[..., Any]:
     """Import ``"package.module:function"``; a :class:`SpecError` names what failed."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise SpecError(
             f"model factory {path!r} is not of the form 'package.module:function'",
-            field="model.factory",
+            field=field,
             fix="write e.g. orchestrator.models.gpt:make_gpt",
         )
     try:
@@ -74,14 +74,14 @@ def load_factory(path: str) -> Callable[..., Any]:
     except ImportError as exc:
         raise SpecError(
             f"cannot import module {module_name!r} of model factory {path!r}: {exc}",
-            field="model.factory",
+            field=field,
             fix="check the module path and that it is on PYTHONPATH (or in the working dir)",
         ) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise SpecError(
             f"module {module_name!r} has no callable {attr!r}",
-            field="model.factory",
+            field=field,
             fix=f"define {attr}(**kwargs) in {module_name} or fix the name",
         )
     return factory  # type: ignore[no-any-return]

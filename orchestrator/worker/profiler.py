@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from orchestrator.errors import SpecError
 from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileFile, read_profile
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.engine import build_layers
@@ -55,7 +56,11 @@ def profile(request: ProfileRequest, device: torch.device | None = None) -> Prof
     """Measure every planner layer of the model at every microbatch size."""
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if request.slowdown_factor != 1.0 and device.type == "cuda":
-        raise ValueError("emulated slow-down is for CPU profiling only, not on a real GPU")
+        raise SpecError(
+            "emulated slow-down requested while profiling a real GPU",
+            field="slowdown_factor",
+            fix="emulation is for CPU nodes only; profile the GPU at its own speed",
+        )
     model = build_model(request.model_factory, dict(request.model_kwargs))
     layers = build_layers(model, range(model.num_planner_layers), request.seed, device)
     dataset = make_dataset(request.data, request.seed)

@@ -89,3 +89,10 @@ def tensor_relative_errors(
         for layer, ref in reference.items()
         for k, v in ref.items()
     }
+
+
+def repeated_text_dataset(sequence_length: int, seed: int, text: str = "abc") -> object:
+    """A dataset factory for tests: ``text`` repeated, as a byte corpus."""
+    from orchestrator.worker.data import CorpusDataset
+
+    return CorpusDataset((text * 100).encode(), sequence_length, seed)

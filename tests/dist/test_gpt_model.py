@@ -76,3 +76,15 @@ def test_bad_factory_and_layer_count_are_user_errors() -> None:
     model = build_model(GPT_FACTORY, {"num_layers": 3})
     with pytest.raises(SpecError, match="plan covers 4 planner layers but model 'gpt-tiny' has 5"):
         check_layer_count(model, 4)
+
+
+def test_dataset_factory_by_import_path() -> None:
+    config = DataConfig(
+        sequence_length=4,
+        dataset_factory="dist_cases:repeated_text_dataset",
+        dataset_kwargs={"text": "xy"},
+    )
+    inputs, _ = make_dataset(config, seed=0).batch(0, 2, 0, 2)
+    assert set(inputs.flatten().tolist()) <= {ord("x"), ord("y")}
+    with pytest.raises(SpecError, match=r"data\.dataset_factory: module 'dist_cases' has no"):
+        make_dataset(DataConfig(sequence_length=4, dataset_factory="dist_cases:GPT_FACTORY"))
