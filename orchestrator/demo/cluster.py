@@ -1,0 +1,137 @@
+"""A local multi-node Ray cluster of emulated device types, started and stopped by this process.
+
+Every node is a real Ray node (its own raylet and workers) on this machine, one CPU each, labelled
+with a device type from the catalog and an emulated relative speed (docs/runtime.md, Emulation):
+a worker on a node of speed 0.25 stretches its compute four-fold. The head holds no work. Ray's
+health checks are shortened so a crashed node is declared dead in about a second and a half.
+
+Only the processes this cluster started are stopped (:meth:`LocalCluster.shutdown`); nothing here
+runs ``ray stop``, which would end every Ray cluster on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.runtime.labels import DEVICE_TYPE_LABEL, EMULATED_SPEED_LABEL
+
+# platform-facts: a crashed node is declared dead after ~1.4 s with these (15 s by default).
+FAST_HEALTH_CHECKS: Mapping[str, str] = {
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_failure_threshold": "3",
+    "RAY_health_check_timeout_ms": "500",
+}
+
+# Each node's object store; Ray's default (30% of RAM per node) would reserve far too much.
+OBJECT_STORE_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """An emulated device type: catalog name and relative speed (fastest = 1.0)."""
+
+    device_type: str
+    emulated_speed: float
+
+    def labels(self) -> dict[str, str]:
+        return {DEVICE_TYPE_LABEL: self.device_type, EMULATED_SPEED_LABEL: str(self.emulated_speed)}
+
+
+@dataclass
+class ClusterNode:
+    """One worker node this cluster started."""
+
+    kind: NodeKind
+    node_id: str
+    handle: Any  # ray._private.node.Node
+    alive: bool = True
+
+
+class LocalCluster:
+    """Head plus emulated nodes; :meth:`crash` SIGKILLs a node, :meth:`add` starts one."""
+
+    def __init__(self, temp_root: str | None = None) -> None:
+        self.nodes: list[ClusterNode] = []
+        self._cluster: Any = None
+        # Short: Ray's Unix socket paths live under it and are limited to ~100 bytes.
+        self._temp_dir = tempfile.mkdtemp(prefix="orc", dir=temp_root or "/tmp")
+        self.address = ""
+
+    def start(self, kinds: Sequence[NodeKind]) -> None:
+        """Start the head (no CPUs: it holds no work) and one node per entry of ``kinds``."""
+        os.environ.update(FAST_HEALTH_CHECKS)  # node processes inherit it
+        from ray.cluster_utils import Cluster
+
+        self._cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 0,
+                "include_dashboard": False,
+                "object_store_memory": OBJECT_STORE_BYTES,
+                "temp_dir": self._temp_dir,
+            },
+        )
+        self.address = str(self._cluster.address)
+        for kind in kinds:
+            self.add(kind, wait=False)
+        self._cluster.wait_for_nodes()
+
+    def add(self, kind: NodeKind, wait: bool = True) -> ClusterNode:
+        """Start one more node of ``kind`` (call from the main thread)."""
+        handle = self._cluster.add_node(
+            num_cpus=1,
+            labels=kind.labels(),
+            object_store_memory=OBJECT_STORE_BYTES,
+            wait=wait,
+        )
+        node = ClusterNode(kind, str(handle.node_id), handle)
+        self.nodes.append(node)
+        return node
+
+    def crash(self, node: ClusterNode) -> float:
+        """SIGKILL every process of ``node`` (as a machine failure would); returns the wall time."""
+        crashed_at_s = time.time()
+        self._cluster.remove_node(node.handle, allow_graceful=False)
+        node.alive = False
+        return crashed_at_s
+
+    def alive_nodes(self) -> list[ClusterNode]:
+        return [n for n in self.nodes if n.alive]
+
+    def shutdown(self) -> None:
+        """Stop every process this cluster started; safe to call twice."""
+        if self._cluster is not None:
+            with contextlib.suppress(Exception):
+                import ray
+
+                ray.shutdown()
+            for node in self.alive_nodes():
+                with contextlib.suppress(Exception):
+                    self._cluster.remove_node(node.handle, allow_graceful=False)
+                node.alive = False
+            with contextlib.suppress(Exception):
+                self._cluster.shutdown()
+            self._cluster = None
+        shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def local_cluster(kinds: Sequence[NodeKind], connect: bool = True) -> Iterator[LocalCluster]:
+    """Start a :class:`LocalCluster` (and connect this process to it); always stop it."""
+    cluster = LocalCluster()
+    try:
+        cluster.start(kinds)
+        if connect:
+            import ray
+
+            ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        cluster.shutdown()
