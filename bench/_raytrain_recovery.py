@@ -41,7 +41,8 @@ def _train_loop(config: dict[str, Any]) -> None:
     ctx = train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     model = build_model(config["model_factory"], config["model_kwargs"])
-    layers = build_layers(model, range(model.num_planner_layers), config["seed"], torch.device("cpu"))
+    num_layers = model.num_planner_layers
+    layers = build_layers(model, range(num_layers), config["seed"], torch.device("cpu"))
     net = torch.nn.Sequential(*[layers[i] for i in sorted(layers)])
     params = list(net.parameters())
     optimizer = make_optimizer("adam", params, config["learning_rate"])

@@ -10,6 +10,7 @@ file: the wall time of every committed step and the world size it ran at.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -61,7 +62,7 @@ def recovery_figures(rows: list[Progress], crashed_at_s: float) -> dict[str, flo
 
 def rate_samples_per_s(rows: list[Progress], global_batch: int) -> float:
     """Samples per second over consecutive committed steps (restarts excluded)."""
-    gaps = [b.time_s - a.time_s for a, b in zip(rows, rows[1:], strict=False) if b.done == a.done + 1]
+    gaps = [b.time_s - a.time_s for a, b in itertools.pairwise(rows) if b.done == a.done + 1]
     if not gaps:
         return float("nan")
     gaps.sort()

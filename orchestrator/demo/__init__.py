@@ -1,1 +1,1 @@
-"""``orchestrator demo``: a local emulated heterogeneous Ray cluster, a crash and a join, a summary."""
+"""``orchestrator demo``: a local emulated mixed Ray cluster, a crash and a join, a summary."""
