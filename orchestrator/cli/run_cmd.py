@@ -1,6 +1,7 @@
-"""``orchestrator run JOB.yaml``: train a job with a fixed plan on the current Ray cluster.
+"""``orchestrator run JOB.yaml``: train a job on the current Ray cluster.
 
-The plan is the job's plan file (or ``--plan``), else the planner's choice for the live cluster.
+With the job's plan file (or ``--plan``) the plan is fixed; without one the run is elastic: a
+controller actor plans for the live cluster and re-plans when nodes join, fail or drain.
 Every check that needs no actor runs first; a mistake is one line and exit code 2.
 """
 
@@ -18,7 +19,7 @@ from orchestrator.spec.loading import load_spec
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "run",
-        help="train a job (JOB.yaml) with a fixed plan on the current Ray cluster",
+        help="train a job (JOB.yaml) on Ray, elastically unless its plan is fixed",
         description="Train the job described in JOB.yaml (docs/job.md) on a Ray cluster.",
     )
     parser.add_argument("job", type=Path, help="job spec (YAML or JSON)")
@@ -47,6 +48,15 @@ def run(args: argparse.Namespace) -> int:
     def out(line: str) -> None:
         print(line, flush=True)
 
+    if args.plan is None and job.plan is None:  # elastic: the controller serves its metrics
+        from orchestrator.runtime.elastic.controller_actor import RunFailedError
+
+        try:
+            run_job(job, args.job, steps=args.steps, out=out, metrics_port=port)
+        except RunFailedError as exc:
+            print(f"orchestrator run: {exc}", file=sys.stderr, flush=True)
+            return 1
+        return 0
     server, callbacks = _telemetry(job, port)
     try:
         run_job(job, args.job, plan_file=args.plan, steps=args.steps, callbacks=callbacks, out=out)

@@ -69,6 +69,9 @@ class WorkerInfo:
 class WorkerGroup:
     """One actor per rank of a plan; see the module docstring for the port it offers."""
 
+    # The Ray actor class each rank runs (the elastic runtime swaps in a subclass).
+    actor_class: Any = WorkerActor
+
     def __init__(self, job: WorkerJob, options: GroupOptions | None = None) -> None:
         self.job = job
         self.options = options or GroupOptions()
@@ -202,7 +205,7 @@ class WorkerGroup:
             strategy = PlacementGroupSchedulingStrategy(
                 self._placed.placement_group, placement_group_bundle_index=spec.rank
             )
-            actor = WorkerActor.options(  # type: ignore[attr-defined]
+            actor = self.actor_class.options(
                 num_cpus=0 if request.uses_gpus else 1,
                 num_gpus=1 if request.uses_gpus else 0,
                 scheduling_strategy=strategy,

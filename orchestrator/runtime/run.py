@@ -17,6 +17,7 @@ from typing import Any
 from orchestrator.control.callbacks import ControllerCallback
 from orchestrator.control.events import ControllerStateName, StepReport
 from orchestrator.errors import SpecError, UserError
+from orchestrator.runtime.actor import WorkerJob
 from orchestrator.runtime.discovery import RayNode, cluster_from_nodes, discover_nodes
 from orchestrator.runtime.group import GroupOptions, WorkerGroup
 from orchestrator.runtime.jobs import worker_job
@@ -136,13 +137,21 @@ def run_job(
     steps: int | None = None,
     callbacks: Sequence[ControllerCallback] = (),
     out: Printer = print,
+    metrics_port: int | None = None,
 ) -> RunSummary:
-    """Check, launch, train ``steps`` (default: the job's), checkpoint, stop."""
+    """Check, launch, train ``steps`` (default: the job's), checkpoint, stop.
+
+    Without a plan file the run is elastic: the controller actor plans, watches the cluster and
+    re-plans (``orchestrator.runtime.elastic``); it serves its own metrics on ``metrics_port``
+    (``callbacks`` apply to the fixed-plan run only). With a plan file the plan is fixed.
+    """
     wjob = worker_job(job, job_file)
     num_layers = job.model.shape.num_planner_layers
     # The factory is imported and its layer count checked before anything touches Ray.
     validate_model(wjob, num_layers)
     connect(job.cluster.address)
+    if plan_file is None and job.plan is None:
+        return _run_elastic(job, job_file, wjob, steps, metrics_port, out)
     nodes = discover_nodes()
     chosen = choose_plan(job, job_file, nodes, plan_file)
     validate_plan_for_cluster(chosen.plan, nodes, num_layers)
@@ -195,6 +204,43 @@ def run_job(
         f"{summary.last_loss:.4f}, mean step {summary.mean_step_s:.4f} s{tag}"
     )
     return summary
+
+
+def _run_elastic(
+    job: JobSpec,
+    job_file: Path,
+    wjob: WorkerJob,
+    steps: int | None,
+    metrics_port: int | None,
+    out: Printer,
+) -> RunSummary:
+    from orchestrator.runtime.elastic.controller_actor import run_elastic
+    from orchestrator.runtime.elastic.session import ElasticJob
+
+    spec = ElasticJob(
+        job_json=job.model_dump_json(),
+        job_file=str(Path(job_file).resolve()),
+        worker_job=wjob,
+        steps=steps,
+        metrics_port=metrics_port,
+    )
+    summary = run_elastic(spec, out)
+    path = summary["checkpoint_path"]
+    result = RunSummary(
+        steps_run=summary["steps_run"],
+        first_loss=summary["first_loss"] if summary["steps_run"] else float("nan"),
+        last_loss=summary["last_loss"] if summary["steps_run"] else float("nan"),
+        mean_step_s=summary["mean_step_s"],
+        emulated=summary["emulated"],
+        last_checkpoint=Path(path) if path else None,
+    )
+    tag = " (emulated)" if result.emulated else ""
+    out(
+        f"done: {summary['steps']} steps ({result.steps_run} run here), loss "
+        f"{result.first_loss:.4f} -> {result.last_loss:.4f}, mean step {result.mean_step_s:.4f} s"
+        f"{tag}; {summary['failure_count']} failures, {summary['lost_steps_total']} steps lost"
+    )
+    return result
 
 
 def _resume(

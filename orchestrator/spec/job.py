@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.control.config import ElasticitySpec
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
 JOB_FORMAT = "orchestrator-job/v1"
@@ -140,6 +141,8 @@ class JobSpec(BaseModel):
     checkpoint: CheckpointSection | None = None
     metrics: MetricsSection = MetricsSection()
     cluster: ClusterSection = ClusterSection()
+    # How the run adapts to nodes joining, failing and draining (docs/controller.md).
+    elasticity: ElasticitySpec = ElasticitySpec()
     # A fixed plan file (``orchestrator plan`` writes one); without it the planner chooses.
     plan: str | None = None
     # Measured profiles for the planner and the prediction (a file or a directory of them).

@@ -1,0 +1,128 @@
+"""The controller's :class:`~orchestrator.control.ports.CheckpointStore` implementations.
+
+:class:`DirCheckpointStore` writes the worker side's layer-indexed, atomic checkpoints
+(``orchestrator/worker/checkpoint.py``) and adds the controller's run state (failures so far, lost
+steps, measured slowdowns, the plan) as ``run-state.json`` inside the checkpoint directory, staged
+with the layers so the one ``rename`` that publishes the checkpoint publishes it too.
+:class:`MemoryCheckpointStore` keeps the newest checkpoint in memory, for jobs without a
+checkpoint directory (a restarted controller then starts over).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.control.recovery import CheckpointRef, LayerState
+from orchestrator.spec.plan import Plan
+
+RUN_STATE_FILE = "run-state.json"
+
+
+class DirCheckpointStore:
+    """Checkpoints under ``root``; ``resume=False`` ignores those that were there before."""
+
+    def __init__(self, root: Path, *, keep_last: int = 3, resume: bool = True) -> None:
+        self.root = Path(root)
+        self.keep_last = keep_last
+        self._ignored: set[str] = set() if resume else {p.name for p in self._published()}
+
+    def _published(self) -> list[Path]:
+        from orchestrator.worker.checkpoint import list_checkpoints
+
+        return list_checkpoints(self.root)
+
+    def latest(self) -> CheckpointRef | None:
+        """The newest checkpoint that verifies (bad newer ones are skipped), with its run state
+        under ``manifest["meta"]``."""
+        from orchestrator.worker.checkpoint import CheckpointError, verify
+
+        for path in self._published():
+            if path.name in self._ignored:
+                continue
+            try:
+                manifest = verify(path)
+            except CheckpointError:
+                continue
+            return CheckpointRef(int(manifest["step"]), {**manifest, "meta": _read_meta(path)})
+        return None
+
+    def save(
+        self, step: int, states: Mapping[int, LayerState], meta: Mapping[str, object]
+    ) -> CheckpointRef:
+        """Write every layer and the run state for ``step``; publish atomically."""
+        from orchestrator.worker.checkpoint import begin_checkpoint, commit_checkpoint, write_layers
+
+        plan_json = meta.get("plan")
+        plan = Plan.model_validate(plan_json) if isinstance(plan_json, dict) else None
+        staging = begin_checkpoint(self.root, step)
+        try:
+            write_layers(staging, {int(k): v for k, v in states.items()})  # type: ignore[misc]
+            _write_json_atomically(staging / RUN_STATE_FILE, dict(meta))
+            final = commit_checkpoint(
+                self.root, staging, step, plan, len(states), keep_last=self.keep_last
+            )
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self._ignored.discard(final.name)
+        return CheckpointRef(step, {"path": str(final), "step": step, "meta": dict(meta)})
+
+    def load(self, step: int) -> dict[int, LayerState]:
+        """Every layer's state of the checkpoint at ``step`` (verified first)."""
+        import torch
+
+        from orchestrator.worker.checkpoint import layer_file_name, step_dir_name, verify
+
+        path = self.root / step_dir_name(step)
+        manifest = verify(path)
+        return {
+            i: torch.load(path / layer_file_name(i), weights_only=True)
+            for i in range(int(manifest["num_layers"]))
+        }
+
+
+class MemoryCheckpointStore:
+    """The newest checkpoint, held in this process (for jobs without a checkpoint directory)."""
+
+    def __init__(self) -> None:
+        self._step: int | None = None
+        self._states: dict[int, LayerState] = {}
+        self._meta: dict[str, object] = {}
+
+    def latest(self) -> CheckpointRef | None:
+        if self._step is None:
+            return None
+        return CheckpointRef(self._step, {"step": self._step, "meta": dict(self._meta)})
+
+    def save(
+        self, step: int, states: Mapping[int, LayerState], meta: Mapping[str, object]
+    ) -> CheckpointRef:
+        self._step, self._states, self._meta = step, dict(states), dict(meta)
+        return CheckpointRef(step, {"step": step, "meta": dict(meta)})
+
+    def load(self, step: int) -> dict[int, LayerState]:
+        if step != self._step:
+            raise KeyError(f"no checkpoint at step {step} in memory (newest: {self._step})")
+        return dict(self._states)
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((path / RUN_STATE_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}  # a checkpoint written by a fixed-plan run: no run state, layers still good
+    return meta if isinstance(meta, dict) else {}
+
+
+def _write_json_atomically(path: Path, data: dict[str, object]) -> None:
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "w") as f:
+        json.dump(data, f, sort_keys=True, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.rename(path)

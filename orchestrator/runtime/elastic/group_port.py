@@ -1,0 +1,191 @@
+"""The controller's :class:`~orchestrator.control.ports.WorkerGroupPort` on real Ray actors.
+
+:class:`RayWorkerGroupPort` drives an :class:`~orchestrator.runtime.group.WorkerGroup` whose ranks
+are :class:`~orchestrator.runtime.elastic.worker.ElasticWorker` actors (updates wait for the commit,
+so survivors always answer with the last committed step). It translates between the controller's
+and the runtime's words:
+
+- plans name nodes by Ray node id (the cluster probe's snapshot); the group places by the node
+  names of :func:`~orchestrator.runtime.discovery.discover_nodes`, so pins are rewritten;
+- :class:`~orchestrator.runtime.errors.WorkerLostError` becomes
+  :class:`~orchestrator.control.ports.WorkerLost` naming the Ray node ids that actually died: the
+  node of a rank whose actor died, and any node of the group that Ray reports dead (its other
+  ranks are lost with it). Survivors that merely saw a broken collective are not named.
+
+Every change of plan starts fresh actors: the old group's collectives are broken after a failure
+and its process groups have the old world size, so reusing a live actor would need its torch
+process group torn down under a thread that may still be blocked in it (see docs/controller.md for
+the measured cost of a relaunch).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from orchestrator.control.events import StepReport
+from orchestrator.control.ports import CheckpointStore, WorkerLost
+from orchestrator.control.recovery import LayerState, RestoreKind, RestoreSource
+from orchestrator.runtime.actor import WorkerJob
+from orchestrator.runtime.discovery import discover_nodes
+from orchestrator.runtime.elastic.worker import ElasticWorkerActor
+from orchestrator.runtime.errors import WorkerLostError
+from orchestrator.runtime.group import GroupOptions, WorkerGroup, WorkerInfo
+from orchestrator.spec.plan import Plan
+from orchestrator.worker.topology import layer_holders
+
+log = logging.getLogger(__name__)
+
+# Shorter than the fixed-plan defaults: after a failure, recovery time is the figure that counts.
+ELASTIC_GROUP_OPTIONS = GroupOptions(failure_grace_s=20.0, stop_timeout_s=2.0)
+
+
+class ElasticWorkerGroup(WorkerGroup):
+    """A worker group of :class:`ElasticWorker` ranks."""
+
+    actor_class = ElasticWorkerActor
+
+
+class RayWorkerGroupPort:
+    """One elastic worker group at a time, for the controller (see the module docstring)."""
+
+    def __init__(
+        self,
+        job: WorkerJob,
+        checkpoints: CheckpointStore,
+        options: GroupOptions = ELASTIC_GROUP_OPTIONS,
+    ) -> None:
+        self.job = job
+        self.checkpoints = checkpoints
+        self.options = options
+        self._group: ElasticWorkerGroup | None = None
+        self._plan: Plan | None = None
+        self._rank_node: dict[int, str] = {}  # rank -> Ray node id
+        self._dead_ranks: set[int] = set()
+        self._committed_steps = 0
+        self.workers: list[WorkerInfo] = []
+
+    # -- the port ----------------------------------------------------------------------------
+
+    def launch(self, plan: Plan, restore: RestoreSource) -> None:
+        """Start fresh actors for ``plan``, load ``restore``'s states; first step resume_step."""
+        self.stop()
+        pinned, rank_node = self._pin_to_live_nodes(plan)
+        states = self._states_for(restore)
+        group = ElasticWorkerGroup(self.job, self.options)
+        self._group, self._plan, self._rank_node = group, plan, rank_node
+        self._dead_ranks = set()
+        try:
+            self.workers = group.launch(pinned, states, restore.resume_step)
+        except WorkerLostError as exc:
+            raise self._lost(exc) from None
+        self._rank_node = {w.rank: w.node_id for w in self.workers}
+        self._committed_steps = restore.resume_step
+
+    def step(self, step: int) -> StepReport:
+        group = self._require_group()
+        group.next_step = step
+        try:
+            report = group.step()
+        except WorkerLostError as exc:
+            raise self._lost(exc) from None
+        self._committed_steps = step + 1
+        return report
+
+    def layer_holders(self) -> Mapping[int, tuple[int, ...]]:
+        if self._plan is None:
+            return {}
+        return {
+            layer: tuple(r for r in ranks if r not in self._dead_ranks)
+            for layer, ranks in layer_holders(self._plan).items()
+        }
+
+    def placement(self) -> Mapping[int, str]:
+        return dict(self._rank_node)
+
+    def fetch_layer_states(self, sources: Mapping[int, int]) -> dict[int, LayerState]:
+        """Each layer from the given rank, as of the last committed step."""
+        group = self._require_group()
+        by_rank: dict[int, list[int]] = {}
+        for layer, rank in sorted(sources.items()):
+            by_rank.setdefault(rank, []).append(layer)
+        committed = self._committed_steps
+        refs = {r: group._actors[r].get_layer_states.remote(committed) for r in by_rank}
+        try:
+            got = group._gather("fetch layer states", refs, self.options.step_timeout_s)
+        except WorkerLostError as exc:
+            raise self._lost(exc) from None
+        return {layer: got[r][layer] for r, layers in by_rank.items() for layer in layers}
+
+    def stop(self) -> None:
+        group, self._group = self._group, None
+        if group is None:
+            return
+        try:
+            group.stop()
+        except Exception as exc:  # the actors or their nodes may be gone already
+            log.warning("stopping the worker group: %s", exc)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    @property
+    def emulated(self) -> bool:
+        return self._group is not None and self._group.emulated
+
+    def _require_group(self) -> ElasticWorkerGroup:
+        if self._group is None:
+            raise RuntimeError("no worker group: launch() first")
+        return self._group
+
+    def _states_for(self, restore: RestoreSource) -> Mapping[int, Any] | None:
+        if restore.kind is RestoreKind.REPLICAS:
+            return dict(restore.states)
+        if restore.kind is RestoreKind.CHECKPOINT:
+            assert restore.checkpoint_step is not None
+            return self.checkpoints.load(restore.checkpoint_step)
+        return None
+
+    def _pin_to_live_nodes(self, plan: Plan) -> tuple[Plan, dict[int, str]]:
+        """The plan with node ids replaced by the group's node names, and rank -> node id.
+
+        A pinned node that is no longer alive is a lost worker before the launch even starts.
+        """
+        names = {n.node_id: n.name for n in discover_nodes()}
+        replicas, rank_node, missing = [], {}, {}
+        rank = 0
+        for replica in plan.replicas:
+            stages = []
+            for stage in replica.stages:
+                node = stage.node
+                if node is not None and node in names:
+                    rank_node[rank] = node
+                    stage = stage.model_copy(update={"node": names[node]})
+                elif node is not None and node not in names.values():
+                    missing[rank] = node
+                stages.append(stage)
+                rank += 1
+            replicas.append(replica.model_copy(update={"stages": tuple(stages)}))
+        if missing:
+            raise WorkerLost(missing, set(missing.values()), "planned node is gone")
+        return plan.model_copy(update={"replicas": tuple(replicas)}), rank_node
+
+    def _lost(self, exc: WorkerLostError) -> WorkerLost:
+        """The runtime's error in the controller's words: ranks lost, Ray node ids that died."""
+        ranks = set(exc.ranks)
+        nodes = {self._rank_node[r] for r in ranks if r in self._rank_node}
+        dead_nodes = _dead_node_ids() & set(self._rank_node.values())
+        nodes |= dead_nodes
+        ranks |= {r for r, n in self._rank_node.items() if n in dead_nodes}
+        self._dead_ranks |= ranks
+        return WorkerLost(ranks, nodes, exc.detail)
+
+
+def _dead_node_ids() -> set[str]:
+    """Node ids Ray lists as not alive (a crashed node stays listed, dead, for a while)."""
+    import ray
+
+    try:
+        return {str(row["NodeID"]) for row in ray.nodes() if not row.get("Alive", False)}
+    except Exception:  # the GCS may be briefly unreachable; the actors' deaths still count
+        return set()
