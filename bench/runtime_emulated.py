@@ -16,15 +16,18 @@ measured / predicted step time (within 15%), homogeneous step time ours / TorchT
 Everything here is emulated on CPUs. Nothing passes or fails; the figures go to
 docs/benchmarks.md.
 
-Run: .venv/bin/python bench/runtime_emulated.py [--steps 20]
+Run: .venv/bin/python bench/runtime_emulated.py [--steps 15] [--rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -78,7 +81,7 @@ def training() -> TrainingSpec:
     )
 
 
-def measure_ours(job: WorkerJob, plan: Plan, steps: int, warmup: int = 3) -> tuple[float, bool]:
+def measure_ours(job: WorkerJob, plan: Plan, steps: int, warmup: int = 3) -> float:
     """Mean step time of ``plan`` through the WorkerGroup, timed at the driver."""
     group = WorkerGroup(job)
     try:
@@ -88,7 +91,8 @@ def measure_ours(job: WorkerJob, plan: Plan, steps: int, warmup: int = 3) -> tup
         started = time.perf_counter()
         for _ in range(steps):
             group.step()
-        return (time.perf_counter() - started) / steps, group.emulated
+        assert group.emulated, "the benchmark cluster is emulated; every worker must say so"
+        return (time.perf_counter() - started) / steps
     finally:
         group.stop()
 
@@ -112,66 +116,103 @@ def plan_with_profiles(job: WorkerJob, work: Path) -> tuple[object, ProfileSet]:
     return make_plan(cluster_from_nodes(nodes), SHAPE, training(), profiles), profiles
 
 
-def heterogeneous(job: WorkerJob, steps: int, work: Path) -> dict[str, float]:
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def rounds_of(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Run every system once per round, in turn, and keep each one's median step time.
+
+    Taking turns spreads the load of a shared machine over all systems alike.
+    """
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for r in range(rounds):
+        for name, run in runs.items():
+            times[name].append(run())
+            print(
+                f"  round {r + 1}: {name:<22} step {times[name][-1]:.4f} s (load {load_average()})"
+            )
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def heterogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[str, float]:
     print(f"heterogeneous (emulated): 2 x {FAST[0]} @{FAST[1]} + 2 x {SLOW[0]} @{SLOW[1]}")
     with emulated_cluster([(FAST[0], FAST[1], 2), (SLOW[0], SLOW[1], 2)]):
         result, _ = plan_with_profiles(job, work)
         plan = result.plan  # type: ignore[attr-defined]
-        fastest = result.baselines["fastest_type_only"].plan  # type: ignore[attr-defined]
+        baseline = result.baselines["fastest_type_only"]  # type: ignore[attr-defined]
         predicted_s = result.estimate.step_time_s  # type: ignore[attr-defined]
-        ours_s, emulated = measure_ours(job, plan, steps)
-        fastest_s, _ = measure_ours(job, fastest, steps)
-        trainer = run_torchtrainer(job, GLOBAL_BATCH, 4, REFERENCE_SPEED, steps)
-    print(f"  planned plan     {describe(plan)}")
-    print(f"  fastest-only     {describe(fastest)}")
-    rows = [
-        ("ours, planned plan", ours_s),
-        ("ours, fastest-type-only plan", fastest_s),
-        ("TorchTrainer, uniform DP (4 workers)", trainer.step_time_s),
-    ]
-    for name, step_s in rows:
-        print(f"  {name:<38} step {step_s:.4f} s  {GLOBAL_BATCH / step_s:8.1f} samples/s")
+        print(f"  planned plan     {describe(plan)}  (predicted {predicted_s:.4f} s)")
+        print(
+            f"  fastest-only     {describe(baseline.plan)}"
+            f"  (predicted {baseline.estimate.step_time_s:.4f} s)"
+        )
+        median = rounds_of(
+            {
+                "ours, planned": lambda: measure_ours(job, plan, steps),
+                "ours, fastest-only": lambda: measure_ours(job, baseline.plan, steps),
+                "TorchTrainer, uniform": lambda: (
+                    run_torchtrainer(job, GLOBAL_BATCH, 4, REFERENCE_SPEED, steps).step_time_s
+                ),
+            },
+            rounds,
+        )
+    for name, step_s in median.items():
+        print(f"  median {name:<22} step {step_s:.4f} s  {GLOBAL_BATCH / step_s:8.1f} samples/s")
+    ours_s = median["ours, planned"]
     figures = {
-        "vs_torchtrainer": trainer.step_time_s / ours_s,
-        "vs_fastest_only": fastest_s / ours_s,
+        "vs_torchtrainer": median["TorchTrainer, uniform"] / ours_s,
+        "vs_fastest_only": median["ours, fastest-only"] / ours_s,
         "measured_over_predicted": ours_s / predicted_s,
     }
-    print(f"  predicted step (planner, measured profiles) {predicted_s:.4f} s")
     print(f"  throughput ours / TorchTrainer   {figures['vs_torchtrainer']:.2f}x  (target >= 1.5)")
     print(f"  throughput ours / fastest-only   {figures['vs_fastest_only']:.2f}x  (target >= 1.2)")
     print(
         f"  measured / predicted step time   {figures['measured_over_predicted']:.2f}"
         "  (target 0.85..1.15)"
     )
-    print(f"  emulated: {emulated and trainer.emulated}")
+    print("  all speeds emulated on CPU")
     return figures
 
 
-def homogeneous(job: WorkerJob, steps: int, work: Path) -> dict[str, float]:
+def homogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[str, float]:
     print(f"homogeneous (emulated): 4 x {FAST[0]} @{FAST[1]}")
     with emulated_cluster([(FAST[0], FAST[1], 4)]):
         result, _ = plan_with_profiles(job, work)
         plan = result.plan  # type: ignore[attr-defined]
-        ours_s, _ = measure_ours(job, plan, steps)
-        trainer = run_torchtrainer(job, GLOBAL_BATCH, 4, REFERENCE_SPEED, steps)
-    print(f"  planned plan     {describe(plan)}")
-    print(f"  ours step {ours_s:.4f} s, TorchTrainer step {trainer.step_time_s:.4f} s")
-    ratio = ours_s / trainer.step_time_s
+        print(f"  planned plan     {describe(plan)}")
+        median = rounds_of(
+            {
+                "ours, planned": lambda: measure_ours(job, plan, steps),
+                "TorchTrainer, uniform": lambda: (
+                    run_torchtrainer(job, GLOBAL_BATCH, 4, REFERENCE_SPEED, steps).step_time_s
+                ),
+            },
+            rounds,
+        )
+    ratio = median["ours, planned"] / median["TorchTrainer, uniform"]
+    print(
+        f"  median ours step {median['ours, planned']:.4f} s, "
+        f"TorchTrainer step {median['TorchTrainer, uniform']:.4f} s"
+    )
     print(f"  step time ours / TorchTrainer    {ratio:.3f}  (target <= 1.05)")
+    print("  all speeds emulated on CPU")
     return {"homogeneous_step_ratio": ratio}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-homogeneous", action="store_true")
     args = parser.parse_args()
     job = bench_job()
+    print(f"load average at start: {load_average()} on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        heterogeneous(job, args.steps, work)
+        heterogeneous(job, args.steps, args.rounds, work)
         if not args.skip_homogeneous:
-            homogeneous(job, args.steps, work)
+            homogeneous(job, args.steps, args.rounds, work)
 
 
 if __name__ == "__main__":
