@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import jsonpatch
 import kmock
 import kubernetes
 import pytest
@@ -45,7 +46,8 @@ class VersionedEmulator(kmock.KubernetesEmulator):
     """KubernetesEmulator that also stamps uid, creationTimestamp and resourceVersion.
 
     A real API server sets these; kopf's patches carry a JSON-patch ``test`` of resourceVersion
-    (optimistic concurrency), which fails on objects that have none.
+    (optimistic concurrency), which fails on objects that have none, and which a real server
+    rejects with 422 when the version moved on.
     """
 
     _versions: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
@@ -65,7 +67,12 @@ class VersionedEmulator(kmock.KubernetesEmulator):
             elif isinstance(request.data, list):  # JSON patch: its test ops run first
                 request.data.append(
                     {"op": "add", "path": "/metadata/resourceVersion", "value": version})
-        return await super()._handle(request)
+        try:
+            return await super()._handle(request)
+        except jsonpatch.JsonPatchTestFailed as exc:
+            # A real API server answers a failed `test` op with 422; kopf then waits for the
+            # newer version instead of retrying as for a server error.
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
 
 
 class Emulator:
