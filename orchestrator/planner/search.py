@@ -79,9 +79,12 @@ def _best_selection(
         for mbs in _microbatch_sizes(training)
     }
     found = {mbs: search.run(device_types, mixed=False) for mbs, search in searches.items()}
-    ranked = sorted(
-        searches, key=lambda mbs: (found[mbs] is None, found[mbs].key if found[mbs] else (), mbs)
-    )
+
+    def rank(mbs: int) -> tuple[object, ...]:
+        sel = found[mbs]
+        return (0, sel.key, mbs) if sel is not None else (1, (), mbs)
+
+    ranked = sorted(searches, key=rank)
     if device_types is None:
         feasible = [m for m in ranked if found[m] is not None]
         for mbs in ranked if not feasible else feasible[: config.mixed_microbatch_sizes]:
