@@ -102,6 +102,11 @@ class LocalCluster:
         node.alive = False
         return crashed_at_s
 
+    def stop(self, node: ClusterNode) -> None:
+        """Stop ``node`` gracefully (Ray sees it leave at once)."""
+        self._cluster.remove_node(node.handle, allow_graceful=True)
+        node.alive = False
+
     def alive_nodes(self) -> list[ClusterNode]:
         return [n for n in self.nodes if n.alive]
 

@@ -1,0 +1,213 @@
+"""Run the demo: start the emulated cluster, profile, train elastically, crash a node, add one.
+
+Order: the local cluster starts with every device type the run will see (the joining type's node
+only long enough to be profiled, then stopped), the example GPT is profiled on each type (so the
+planner plans with measured numbers), the elastic controller actor trains the job, and this
+driver, polling the controller, crashes a node of the fastest type after ``crash_at_step`` steps
+and starts the joining node at ``join_at_step``. Everything started here is stopped in a
+``finally`` (Ctrl-C included); nothing runs ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.demo.cluster import ClusterNode, LocalCluster
+from orchestrator.demo.output import DemoOutput, ray_output_to
+from orchestrator.demo.scenario import DemoScenario, write_job
+from orchestrator.demo.summary import DemoSummary, build_summary
+from orchestrator.demo.timeline import Timeline
+
+POLL_S = 0.25
+
+
+def run_demo(
+    scenario: DemoScenario, workdir: Path, output: DemoOutput, profile_cache: Path
+) -> DemoSummary:
+    """The whole demo; the cluster is stopped whatever happens."""
+    cluster = LocalCluster()
+    with ray_output_to(workdir / "ray-driver.log"):
+        try:
+            return _run(scenario, workdir, output, profile_cache, cluster)
+        finally:
+            output.line("stopping the local cluster ...")
+            cluster.shutdown()
+
+
+def _run(
+    scenario: DemoScenario,
+    workdir: Path,
+    output: DemoOutput,
+    profile_cache: Path,
+    cluster: LocalCluster,
+) -> DemoSummary:
+    import ray
+
+    kinds = [*scenario.start, scenario.joiner]
+    names = ", ".join(f"{k.device_type} (speed {k.emulated_speed:g})" for k in kinds)
+    output.line(f"starting a local Ray cluster: one-CPU nodes emulating {names}")
+    started_s = time.time()
+    cluster.start(kinds)
+    ray.init(address=cluster.address, log_to_driver=False)
+    output.line(f"  {len(kinds)} nodes up in {time.time() - started_s:.1f} s ({cluster.address})")
+    job_file = write_job(scenario, workdir)
+    profiled = _profile(job_file, output, profile_cache)
+    # The joining type was only there to be profiled: it joins for real mid-run.
+    cluster.stop(cluster.nodes[-1])
+    _wait_for_nodes(len(scenario.start))
+    timeline, summary = _train(scenario, job_file, cluster, output)
+    return build_summary(scenario, summary, timeline, profiled, workdir)
+
+
+def _profile(job_file: Path, output: DemoOutput, cache: Path) -> list[Any]:
+    from orchestrator.runtime.discovery import discover_nodes
+    from orchestrator.runtime.jobs import worker_job
+    from orchestrator.runtime.profiling import profile_device_types
+    from orchestrator.spec.job import JobSpec
+    from orchestrator.spec.loading import load_spec
+
+    job = load_spec(JobSpec, job_file)
+    assert job.profiles is not None
+    started_s = time.time()
+    done = profile_device_types(
+        worker_job(job, job_file),
+        discover_nodes(),
+        job.training.microbatch_sizes,
+        job.resolve_path(job.profiles, job_file),
+        cache,
+        out=output.line,
+    )
+    for item in done:
+        how = "from cache" if item.from_cache else "measured"
+        emulated = f", emulated x{item.slowdown_factor:g} slower" if item.emulated else ""
+        output.line(f"  profile {item.device_type}: {how}{emulated}")
+    output.line(f"  profiles ready in {time.time() - started_s:.1f} s")
+    return done
+
+
+def _wait_for_nodes(count: int, timeout_s: float = 30.0) -> None:
+    from orchestrator.runtime.discovery import discover_nodes
+
+    deadline = time.monotonic() + timeout_s
+    while len(discover_nodes()) != count and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _train(
+    scenario: DemoScenario, job_file: Path, cluster: LocalCluster, output: DemoOutput
+) -> tuple[Timeline, dict[str, Any]]:
+    import ray
+
+    from orchestrator.runtime.elastic.controller_actor import start_controller
+    from orchestrator.runtime.elastic.session import ElasticJob
+    from orchestrator.runtime.jobs import worker_job
+    from orchestrator.spec.job import JobSpec
+    from orchestrator.spec.loading import load_spec
+    from orchestrator.telemetry.logs import progress
+
+    job = load_spec(JobSpec, job_file)
+    spec = ElasticJob(
+        job_json=job.model_dump_json(),
+        job_file=str(job_file.resolve()),
+        worker_job=worker_job(job, job_file),
+        metrics_port=None,
+    )
+    timeline = Timeline(job.training.global_batch_size)
+    output.line(f"training {job.model.shape.name} for {scenario.steps} steps (elastic controller)")
+    actor = start_controller(spec)
+    try:
+        with progress("training", scenario.steps, console=output.console) as bar:
+            output.attach_bar(output.console)
+            try:
+                summary = _follow(actor, scenario, cluster, timeline, output, bar)
+            finally:
+                output.attach_bar(None)
+    finally:
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+    return timeline, summary
+
+
+def _follow(
+    actor: Any,
+    scenario: DemoScenario,
+    cluster: LocalCluster,
+    timeline: Timeline,
+    output: DemoOutput,
+    bar: Any,
+) -> dict[str, Any]:
+    """Poll the controller; print its decisions; crash and add nodes on schedule."""
+    import ray
+
+    done_ref = actor.run.remote()
+    cursor = 0
+    last_printed = 0
+    while True:
+        ready, _ = ray.wait([done_ref], timeout=POLL_S)
+        lines, cursor = ray.get(actor.progress.remote(cursor))
+        for line in lines:
+            if not line.startswith("step "):
+                output.line(line)
+        if ready:
+            return dict(ray.get(done_ref))
+        steps = int(ray.get(actor.status.remote())["steps"])
+        timeline.record(time.time(), steps)
+        bar.update(completed=steps)
+        if not output.is_terminal and steps >= last_printed + 10:
+            last_printed = steps - steps % 10
+            output.line(f"  ... {steps}/{scenario.steps} steps")
+        _maybe_crash(scenario, cluster, timeline, output, steps)
+        _maybe_join(scenario, cluster, timeline, output, steps)
+
+
+def _maybe_crash(
+    scenario: DemoScenario,
+    cluster: LocalCluster,
+    timeline: Timeline,
+    output: DemoOutput,
+    steps: int,
+) -> None:
+    at = scenario.crash_at_step
+    if at is None or timeline.crashed_at_s is not None or steps < at:
+        return
+    victim = _node_of_type(cluster, scenario.crash_device_type)
+    if victim is None:
+        return
+    timeline.crashed_at_s = cluster.crash(victim)
+    timeline.crashed_node = victim.node_id
+    timeline.crashed_at_step = steps
+    output.line(
+        f">>> crash: SIGKILL of node {victim.node_id[:8]} ({victim.kind.device_type}) "
+        f"after step {steps}"
+    )
+
+
+def _maybe_join(
+    scenario: DemoScenario,
+    cluster: LocalCluster,
+    timeline: Timeline,
+    output: DemoOutput,
+    steps: int,
+) -> None:
+    if timeline.joined_at_s is not None or steps < scenario.join_at_step:
+        return
+    if timeline.crashed_at_s is not None and steps <= (timeline.crashed_at_step or 0):
+        return  # still recovering: let the run settle first
+    timeline.joined_at_s = time.time()
+    node = cluster.add(scenario.joiner)
+    timeline.joined_node = node.node_id
+    timeline.joined_at_step = steps
+    output.line(
+        f">>> join: new node {node.node_id[:8]} ({scenario.joiner.device_type}, emulated speed "
+        f"{scenario.joiner.emulated_speed:g}) at step {steps}"
+    )
+
+
+def _node_of_type(cluster: LocalCluster, device_type: str) -> ClusterNode | None:
+    for node in cluster.alive_nodes():
+        if node.kind.device_type == device_type:
+            return node
+    return None

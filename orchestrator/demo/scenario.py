@@ -1,0 +1,116 @@
+"""What the demo does: the emulated cluster, the job, and when a node crashes and one joins.
+
+The job is the example GPT (``orchestrator.models.gpt``, byte-level, on the corpus shipped in the
+package) planned by the planner from profiles measured on the emulated device types. The timeline
+is in committed steps: a node of the fastest type is crashed (SIGKILL) at ``crash_at_step``, a new
+node joins at ``join_at_step``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.demo.cluster import NodeKind
+from orchestrator.errors import UserError
+
+A100 = NodeKind("A100-80", 1.0)
+T4 = NodeKind("T4", 0.25)
+L4 = NodeKind("L4", 0.5)
+
+# Below this many steps there is no room for a crash, its recovery and a join with steps between.
+MIN_STEPS = 30
+
+
+@dataclass(frozen=True)
+class DemoScenario:
+    """The cluster at the start, the node that joins, the run's length and its events."""
+
+    steps: int = 150
+    seed: int = 0
+    failure: bool = True
+    start: tuple[NodeKind, ...] = (A100, A100, T4, T4)
+    joiner: NodeKind = L4
+    checkpoint_interval_steps: int = 25
+
+    def __post_init__(self) -> None:
+        if self.steps < MIN_STEPS:
+            raise UserError(
+                f"--steps {self.steps} leaves no room for a crash, a recovery and a join",
+                field="--steps",
+                fix=f"pass --steps {MIN_STEPS} or more",
+            )
+        if self.seed < 0:
+            raise UserError(f"--seed {self.seed} is negative", field="--seed", fix="pass 0 or more")
+
+    @property
+    def crash_at_step(self) -> int | None:
+        """The crash comes after a quarter of the steps (None: ``--no-failure``)."""
+        return self.steps // 4 if self.failure else None
+
+    @property
+    def join_at_step(self) -> int:
+        """The join comes at 45% of the steps: enough left for the switch to pay."""
+        return self.steps * 45 // 100
+
+    @property
+    def crash_device_type(self) -> str:
+        """The crash hits the fastest type: every good plan uses it."""
+        return max(self.start, key=lambda k: k.emulated_speed).device_type
+
+    def all_kinds(self) -> list[NodeKind]:
+        """Every device type the run will see (profiled before training)."""
+        seen: dict[str, NodeKind] = {}
+        for kind in (*self.start, self.joiner):
+            seen.setdefault(kind.device_type, kind)
+        return list(seen.values())
+
+
+def demo_job(scenario: DemoScenario) -> dict[str, Any]:
+    """The job spec (docs/job.md) the demo trains: the example GPT, planned elastically."""
+    return {
+        "name": "demo",
+        "model": {
+            "factory": "orchestrator.models.gpt:make_gpt",
+            "shape": {
+                "name": "gpt-demo",
+                "num_layers": 4,
+                "hidden_size": 128,
+                "num_heads": 4,
+                "sequence_length": 64,
+                "vocab_size": 256,
+                "dtype": "fp32",
+            },
+        },
+        "data": {},
+        "training": {
+            "global_batch_size": 16,
+            "microbatch_sizes": [4, 8],
+            "mixed_precision": False,
+            "steps": scenario.steps,
+            "learning_rate": 0.003,
+            "optimizer": "adam",
+            "seed": scenario.seed,
+            "schedule": "1f1b",
+        },
+        "checkpoint": {
+            "dir": "checkpoints",
+            "interval_steps": scenario.checkpoint_interval_steps,
+            "resume": False,
+        },
+        "metrics": {"port": None},
+        "profiles": "profiles",
+        "elasticity": {"min_devices": 1, "max_failures": 3},
+    }
+
+
+def write_job(scenario: DemoScenario, workdir: Path) -> Path:
+    """Write the job file (JSON, which is YAML) into ``workdir``; atomically."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "demo-job.yaml"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(demo_job(scenario), indent=2) + "\n")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,53 @@
+"""What the demo saw while the run went on: progress samples, the crash, the join.
+
+Pure (no Ray): the runner feeds it, the summary reads it. Throughput is measured at the driver,
+from wall-clock samples of the committed step count, so it includes every overhead a user sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Committed steps at a wall-clock time."""
+
+    time_s: float
+    steps: int
+
+
+@dataclass
+class Timeline:
+    """Samples and the wall times of the demo's own actions."""
+
+    global_batch_size: int
+    samples: list[Sample] = field(default_factory=list)
+    crashed_at_s: float | None = None
+    crashed_node: str = ""
+    crashed_at_step: int | None = None
+    joined_at_s: float | None = None
+    joined_node: str = ""
+    joined_at_step: int | None = None
+
+    def record(self, time_s: float, steps: int) -> None:
+        if not self.samples or steps != self.samples[-1].steps:
+            self.samples.append(Sample(time_s, steps))
+
+    def throughput(self, start_s: float, end_s: float, skip_steps: int = 1) -> float | None:
+        """Samples per second between ``start_s`` and ``end_s``, leaving out the first
+        ``skip_steps`` steps of the window (a new plan's first step warms up)."""
+        inside = [s for s in self.samples if start_s <= s.time_s <= end_s]
+        if len(inside) <= skip_steps + 1:
+            return None
+        first, last = inside[skip_steps], inside[-1]
+        if last.time_s <= first.time_s or last.steps <= first.steps:
+            return None
+        return (last.steps - first.steps) * self.global_batch_size / (last.time_s - first.time_s)
+
+    def time_of_step(self, steps: int) -> float | None:
+        """When at least ``steps`` steps had been committed (first sample that shows it)."""
+        for sample in self.samples:
+            if sample.steps >= steps:
+                return sample.time_s
+        return None
