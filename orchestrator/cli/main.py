@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "orchestrator.cli.status_cmd",
     "orchestrator.cli.run_cmd",
     "orchestrator.cli.profile_cmd",
+    "orchestrator.cli.demo_cmd",
 )
 
 EXIT_USER_ERROR = 2
