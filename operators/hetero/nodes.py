@@ -4,8 +4,12 @@ The operator sees a Node change through the API watch, seconds before Ray's hear
 3 s x 5 misses) would notice a lost node, and a spot-termination taint up to the provider's notice
 period before the machine goes. Events go to the run's controller as JSON (see :mod:`notify`)::
 
-    {"node": "gke-a100-1", "event": "spot_termination", "device_type": "A100-80",
-     "deadline_unix_s": 1767225600.0, "reason": "...", "ray_node_labels": {...}}
+    {"node": "gke-a100-1", "event": "preemption_notice", "device_type": "A100-80",
+     "deadline_unix_s": 1767225600.0, "reason": "spot_termination: taint ..."}
+
+The operator's own kinds (added, not_ready, cordoned, spot_termination, removed) map onto the
+controller's vocabulary (``orchestrator.telemetry.node_events``): a node that joined, a node lost,
+or a preemption notice with the time the node goes away.
 
 Only GPU nodes (labelled ``nvidia.com/gpu.product`` or offering ``nvidia.com/gpu``) produce events.
 """
@@ -35,13 +39,27 @@ SPOT_TAINT_NOTICE_S: dict[str, float] = {
 
 
 class NodeEventKind(StrEnum):
-    """What happened to a node, as the controller's /v1/node-events endpoint names it."""
+    """What happened to a node, in the operator's words (see :data:`WIRE_EVENT` for the wire)."""
 
     ADDED = "added"
     NOT_READY = "not_ready"
     CORDONED = "cordoned"
     SPOT_TERMINATION = "spot_termination"
     REMOVED = "removed"
+
+
+# The controller's event names (orchestrator.telemetry.node_events.NODE_EVENT_KINDS).
+WIRE_EVENT: dict[NodeEventKind, str] = {
+    NodeEventKind.ADDED: "node_joined",
+    NodeEventKind.NOT_READY: "node_lost",
+    NodeEventKind.REMOVED: "node_lost",
+    NodeEventKind.CORDONED: "preemption_notice",
+    NodeEventKind.SPOT_TERMINATION: "preemption_notice",
+}
+
+# A cordon usually precedes a drain; the controller gets this long to move state off the node
+# (kubectl drain's default grace for pods is 30 s; five minutes leaves room for a checkpoint).
+CORDON_NOTICE_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -77,16 +95,14 @@ class NodeEvent:
     ray_node_labels: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
+        """The body the controller's ``POST /v1/node-events`` accepts."""
+        return {
             "node": self.node,
-            "event": self.event.value,
+            "event": WIRE_EVENT[self.event],
             "device_type": self.device_type,
             "deadline_unix_s": self.deadline_unix_s,
-            "reason": self.reason,
+            "reason": f"{self.event.value}: {self.reason}",
         }
-        if self.ray_node_labels is not None:
-            body["ray_node_labels"] = self.ray_node_labels
-        return body
 
 
 def _parse_time_s(value: str | None) -> float | None:
@@ -165,7 +181,12 @@ def node_event(
     if not current.ready and (was is None or was.ready):
         return _event(current, NodeEventKind.NOT_READY, "Ready condition is not True")
     if current.unschedulable and (was is None or not was.unschedulable):
-        return _event(current, NodeEventKind.CORDONED, "node cordoned (unschedulable)")
+        return _event(
+            current,
+            NodeEventKind.CORDONED,
+            "node cordoned (unschedulable)",
+            now_unix_s + CORDON_NOTICE_S,
+        )
     if current.usable and (was is None or not was.usable):
         reason = "new GPU node" if was is None else "node usable again"
         return _event(current, NodeEventKind.ADDED, reason)

@@ -26,6 +26,9 @@ import kubernetes
 import pytest
 import yaml
 
+from orchestrator.errors import UserError
+from orchestrator.telemetry.node_events import parse_node_event
+
 RESOURCES = {
     "orchestrator.io/v1alpha1/heterotrainingjobs": dict(
         namespaced=True, kind="HeteroTrainingJob", singular="heterotrainingjob",
@@ -136,7 +139,9 @@ class FakeController:
     """A stand-in for the run's controller: records node events, serves fixed metrics text.
 
     The real controller serves the same two routes (telemetry); here we only need to see what the
-    operator sends and to give it metrics to copy into status.
+    operator sends and to give it metrics to copy into status. Bodies are checked with the real
+    controller's parser (``orchestrator.telemetry.node_events``): one it would refuse gets a 400
+    and is not recorded, so a wire-format mismatch fails the tests.
     """
 
     def __init__(self, metrics_text: str = "", fail_first: int = 0) -> None:
@@ -156,6 +161,12 @@ class FakeController:
                         self.end_headers()
                         return
                     if self.path == "/v1/node-events":
+                        try:
+                            parse_node_event(json.loads(body))
+                        except UserError:
+                            self.send_response(400)
+                            self.end_headers()
+                            return
                         owner.events.append(json.loads(body))
                 self.send_response(202 if self.path == "/v1/node-events" else 404)
                 self.end_headers()

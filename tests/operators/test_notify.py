@@ -20,10 +20,9 @@ EVENT = NodeEvent("gke-a100-1", NodeEventKind.SPOT_TERMINATION, "A100-80", 17672
 def test_sender_posts_the_documented_json(controller) -> None:
     assert send_node_event(controller.url, EVENT) == 202
     assert controller.received() == [{
-        "node": "gke-a100-1", "event": "spot_termination", "device_type": "A100-80",
+        "node": "gke-a100-1", "event": "preemption_notice", "device_type": "A100-80",
         "deadline_unix_s": 1767225600.0,
-        "reason": "taint cloud.google.com/impending-node-termination",
-        "ray_node_labels": {"orchestrator.io/device-type": "A100-80"},
+        "reason": "spot_termination: taint cloud.google.com/impending-node-termination",
     }]
 
 

@@ -104,7 +104,8 @@ def state(**kwargs):
 def test_first_sight_of_a_usable_gpu_node_is_added() -> None:
     event = node_event(state(), None, now_unix_s=NOW_S)
     assert event.event is NodeEventKind.ADDED and event.device_type == "A100-80"
-    assert event.to_json()["ray_node_labels"]["orchestrator.io/device-type"] == "A100-80"
+    assert (event.ray_node_labels or {})["orchestrator.io/device-type"] == "A100-80"
+    assert event.to_json()["event"] == "node_joined"
 
 
 def test_no_event_without_change_or_for_cpu_nodes() -> None:
