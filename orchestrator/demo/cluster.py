@@ -61,7 +61,7 @@ class LocalCluster:
         self.nodes: list[ClusterNode] = []
         self._cluster: Any = None
         # Short: Ray's Unix socket paths live under it and are limited to ~100 bytes.
-        self._temp_dir = tempfile.mkdtemp(prefix="orc", dir=temp_root or "/tmp")
+        self.temp_dir = tempfile.mkdtemp(prefix="orc", dir=temp_root or "/tmp")
         self.address = ""
 
     def start(self, kinds: Sequence[NodeKind]) -> None:
@@ -75,7 +75,7 @@ class LocalCluster:
                 "num_cpus": 0,
                 "include_dashboard": False,
                 "object_store_memory": OBJECT_STORE_BYTES,
-                "temp_dir": self._temp_dir,
+                "temp_dir": self.temp_dir,
             },
         )
         self.address = str(self._cluster.address)
@@ -89,6 +89,7 @@ class LocalCluster:
             num_cpus=1,
             labels=kind.labels(),
             object_store_memory=OBJECT_STORE_BYTES,
+            temp_dir=self.temp_dir,
             wait=wait,
         )
         node = ClusterNode(kind, str(handle.node_id), handle)
@@ -124,7 +125,7 @@ class LocalCluster:
             with contextlib.suppress(Exception):
                 self._cluster.shutdown()
             self._cluster = None
-        shutil.rmtree(self._temp_dir, ignore_errors=True)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager

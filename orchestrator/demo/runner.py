@@ -59,7 +59,7 @@ def _run(
     cluster.stop(cluster.nodes[-1])
     _wait_for_nodes(len(scenario.start))
     timeline, summary = _train(scenario, job_file, cluster, output)
-    return build_summary(scenario, summary, timeline, profiled, workdir)
+    return build_summary(scenario, summary, timeline, profiled, workdir, cluster.temp_dir)
 
 
 def _profile(job_file: Path, output: DemoOutput, cache: Path) -> list[Any]:
@@ -148,7 +148,9 @@ def _follow(
     while True:
         ready, _ = ray.wait([done_ref], timeout=POLL_S)
         lines, cursor = ray.get(actor.progress.remote(cursor))
+        now_s = time.time()
         for line in lines:
+            timeline.add_line(now_s, line)
             if not line.startswith("step "):
                 output.line(line)
         if ready:

@@ -28,7 +28,7 @@ MIN_STEPS = 30
 class DemoScenario:
     """The cluster at the start, the node that joins, the run's length and its events."""
 
-    steps: int = 150
+    steps: int = 200
     seed: int = 0
     failure: bool = True
     start: tuple[NodeKind, ...] = (A100, A100, T4, T4)
@@ -47,13 +47,13 @@ class DemoScenario:
 
     @property
     def crash_at_step(self) -> int | None:
-        """The crash comes after a quarter of the steps (None: ``--no-failure``)."""
-        return self.steps // 4 if self.failure else None
+        """The crash comes after 15% of the steps (None: ``--no-failure``)."""
+        return self.steps * 15 // 100 if self.failure else None
 
     @property
     def join_at_step(self) -> int:
-        """The join comes at 45% of the steps: enough left for the switch to pay."""
-        return self.steps * 45 // 100
+        """The join comes at 30% of the steps: enough left for the switch to pay."""
+        return self.steps * 30 // 100
 
     @property
     def crash_device_type(self) -> str:

@@ -7,8 +7,8 @@ added nodes, and the committed step count over time). Pure: no Ray.
 
 from __future__ import annotations
 
-import ast
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,8 @@ class DemoSummary:
     lost_steps_total: int
     checkpoint_path: str
     workdir: str
+    # Every Ray process the demo started ran under this directory (gone once it stopped them).
+    ray_temp_dir: str = ""
     events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -77,41 +79,35 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _literal(raw: Any) -> Any:
-    """Event data arrive as JSON values or as the text of a Python literal (nested values)."""
-    if isinstance(raw, str):
-        try:
-            return ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            return None
-    return raw
-
-
-def _plan_views(events: list[dict[str, Any]]) -> list[PlanView]:
+def _plan_views(timeline: Timeline) -> list[PlanView]:
+    """Every plan put into effect, from the controller's ``plan (...)`` lines:
+    ``plan (planner): A100-80 x2; predicted step 0.0994 s (emulated) [initial]``."""
     views = []
-    for event in events:
-        data = event.get("data", {})
-        plan = _literal(data.get("plan")) if "plan" in data else None
-        if event.get("kind") != "plan_chosen" or not isinstance(plan, dict):
+    for log in timeline.plans:
+        match = _PLAN_HEADER.match(log.header)
+        if match is None:
             continue
-        replicas = []
-        for i, replica in enumerate(plan.get("replicas", [])):
-            stages = " ".join(
-                f"[{s['layers'][0]},{s['layers'][1]})@{s['device_type']}"
-                for s in replica.get("stages", [])
-            )
-            replicas.append(f"replica {i}: batch {replica.get('batch_size')}, stages {stages}")
-        devices = _literal(data.get("devices")) or {}
+        devices = {}
+        for part in match["devices"].split(","):
+            name, _, count = part.strip().rpartition(" x")
+            if name and count.isdigit():
+                devices[name] = int(count)
         views.append(
             PlanView(
-                reason=str(data.get("reason", "")),
-                time_s=float(event.get("time_s", 0.0)),
-                devices=dict(devices) if isinstance(devices, dict) else {},
-                predicted_step_s=float(data.get("predicted_step_s", float("nan"))),
-                replicas=replicas,
+                reason=match["reason"],
+                time_s=log.time_s,
+                devices=devices,
+                predicted_step_s=float(match["predicted"]),
+                replicas=list(log.replicas),
             )
         )
     return views
+
+
+_PLAN_HEADER = re.compile(
+    r"^plan \([^)]*\): (?P<devices>[^;]*); predicted step (?P<predicted>[0-9.eE+-]+) s"
+    r".*\[(?P<reason>[^\]]+)\]$"
+)
 
 
 def _after(events: list[dict[str, Any]], time_s: float, kinds: tuple[str, ...]) -> list[dict]:
@@ -210,6 +206,7 @@ def build_summary(
     timeline: Timeline,
     profiled: list[Any],
     workdir: Path,
+    ray_temp_dir: str = "",
 ) -> DemoSummary:
     """The demo's summary from the controller's summary and the driver's timeline."""
     events = list(summary.get("events", []))
@@ -236,7 +233,7 @@ def build_summary(
             }
             for p in profiled
         ],
-        plans=_plan_views(events),
+        plans=_plan_views(timeline),
         crash=crash,
         join=join,
         throughput_samples_per_s=_throughput(timeline, crash, join, end_s),
@@ -244,5 +241,6 @@ def build_summary(
         lost_steps_total=int(summary.get("lost_steps_total", 0)),
         checkpoint_path=str(summary.get("checkpoint_path", "")),
         workdir=str(workdir),
+        ray_temp_dir=ray_temp_dir,
         events=events,
     )

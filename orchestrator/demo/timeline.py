@@ -18,6 +18,15 @@ class Sample:
 
 
 @dataclass
+class PlanLog:
+    """A plan put into effect, as the controller's progress lines describe it."""
+
+    time_s: float
+    header: str
+    replicas: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Timeline:
     """Samples and the wall times of the demo's own actions."""
 
@@ -29,10 +38,18 @@ class Timeline:
     joined_at_s: float | None = None
     joined_node: str = ""
     joined_at_step: int | None = None
+    plans: list[PlanLog] = field(default_factory=list)
 
     def record(self, time_s: float, steps: int) -> None:
         if not self.samples or steps != self.samples[-1].steps:
             self.samples.append(Sample(time_s, steps))
+
+    def add_line(self, time_s: float, line: str) -> None:
+        """Keep the controller's plan lines: a ``plan (...)`` header and its replica lines."""
+        if line.startswith("plan ("):
+            self.plans.append(PlanLog(time_s, line))
+        elif line.startswith("  replica ") and self.plans:
+            self.plans[-1].replicas.append(line.strip())
 
     def throughput(self, start_s: float, end_s: float, skip_steps: int = 1) -> float | None:
         """Samples per second between ``start_s`` and ``end_s``, leaving out the first
