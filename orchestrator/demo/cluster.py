@@ -1,6 +1,7 @@
 """A local multi-node Ray cluster of emulated device types, started and stopped by this process.
 
-Every node is a real Ray node (its own raylet and workers) on this machine, one CPU each, labelled
+Every node is a real Ray node (its own raylet and workers) on this machine, one CPU per emulated
+device, labelled
 with a device type from the catalog and an emulated relative speed (docs/runtime.md, Emulation):
 a worker on a node of speed 0.25 stretches its compute four-fold. The head holds no work. Ray's
 health checks are shortened so a crashed node is declared dead in about a second and a half.
@@ -35,10 +36,12 @@ OBJECT_STORE_BYTES = 100 * 1024 * 1024
 
 @dataclass(frozen=True)
 class NodeKind:
-    """An emulated device type: catalog name and relative speed (fastest = 1.0)."""
+    """An emulated device type: catalog name, relative speed (fastest = 1.0), devices per node
+    (one CPU each: a worker runs one torch thread)."""
 
     device_type: str
     emulated_speed: float
+    num_devices: int = 1
 
     def labels(self) -> dict[str, str]:
         return {DEVICE_TYPE_LABEL: self.device_type, EMULATED_SPEED_LABEL: str(self.emulated_speed)}
@@ -86,7 +89,7 @@ class LocalCluster:
     def add(self, kind: NodeKind, wait: bool = True) -> ClusterNode:
         """Start one more node of ``kind`` (call from the main thread)."""
         handle = self._cluster.add_node(
-            num_cpus=1,
+            num_cpus=kind.num_devices,
             labels=kind.labels(),
             object_store_memory=OBJECT_STORE_BYTES,
             temp_dir=self.temp_dir,

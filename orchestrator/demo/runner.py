@@ -47,8 +47,10 @@ def _run(
     import ray
 
     kinds = [*scenario.start, scenario.joiner]
-    names = ", ".join(f"{k.device_type} (speed {k.emulated_speed:g})" for k in kinds)
-    output.line(f"starting a local Ray cluster: one-CPU nodes emulating {names}")
+    names = ", ".join(
+        f"{k.num_devices}x {k.device_type} (speed {k.emulated_speed:g})" for k in kinds
+    )
+    output.line(f"starting a local Ray cluster: nodes of one CPU per device, emulating {names}")
     started_s = time.time()
     cluster.start(kinds)
     ray.init(address=cluster.address, log_to_driver=False)
@@ -203,7 +205,8 @@ def _maybe_join(
     timeline.joined_node = node.node_id
     timeline.joined_at_step = steps
     output.line(
-        f">>> join: new node {node.node_id[:8]} ({scenario.joiner.device_type}, emulated speed "
+        f">>> join: new node {node.node_id[:8]} ({scenario.joiner.num_devices}x "
+        f"{scenario.joiner.device_type}, emulated speed "
         f"{scenario.joiner.emulated_speed:g}) at step {steps}"
     )
 

@@ -17,8 +17,9 @@ from orchestrator.demo.cluster import NodeKind
 from orchestrator.errors import UserError
 
 A100 = NodeKind("A100-80", 1.0)
-T4 = NodeKind("T4", 0.25)
-L4 = NodeKind("L4", 0.5)
+T4 = NodeKind("T4", 0.2)
+# The joiner brings two devices, so the switch pays well within the demo's few minutes.
+L4_X2 = NodeKind("L4", 0.5, num_devices=2)
 
 # Below this many steps there is no room for a crash, its recovery and a join with steps between.
 MIN_STEPS = 30
@@ -32,7 +33,7 @@ class DemoScenario:
     seed: int = 0
     failure: bool = True
     start: tuple[NodeKind, ...] = (A100, A100, T4, T4)
-    joiner: NodeKind = L4
+    joiner: NodeKind = L4_X2
     checkpoint_interval_steps: int = 25
 
     def __post_init__(self) -> None:
@@ -86,7 +87,7 @@ def demo_job(scenario: DemoScenario) -> dict[str, Any]:
         },
         "data": {},
         "training": {
-            "global_batch_size": 16,
+            "global_batch_size": 32,
             "microbatch_sizes": [4, 8],
             "mixed_precision": False,
             "steps": scenario.steps,

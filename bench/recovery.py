@@ -1,0 +1,204 @@
+"""Recovery and join: our elastic controller against Ray Train v2 elastic training, in one run.
+
+The same local Ray cluster for every system (a fresh one each, same settings): one head holding no
+work and ``--nodes`` one-CPU nodes of one device type (``A100-80``, emulated speed 1.0, so no
+compute is stretched), Ray's health checks shortened (a crashed node is declared dead in ~1.4 s).
+The same model (the example GPT), data, global batch, optimizer and checkpoint interval.
+
+Each system trains; after ``--crash-at`` committed steps the benchmark SIGKILLs every process of
+one node that hosts a worker; once training has gone on for ``--steps-before-join`` steps after
+the recovery, it starts a new node of the same type. Measured:
+
+- crash -> first completed step after it (seconds), and the steps lost (committed before the
+  crash but trained again after it);
+- join -> first step at the larger size (seconds), and throughput before and after (samples/s,
+  median over single steps).
+
+Ours: ``orchestrator.runtime.elastic`` (the controller actor), planning from profiles measured on
+this cluster. Ray Train: ``TorchTrainer`` with ``ScalingConfig(num_workers=(nodes - 1, nodes))``
+and ``FailureConfig(max_failures=3)``, checkpoints through ``ray.train.report``, once with Ray
+Train's defaults and once with ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=10``. Targets: ours <= 10 s
+and <= 1/3 of Ray Train's, 0 steps lost when replicas hold the state. Nothing passes or fails;
+the figures go to docs/benchmarks.md.
+
+Run: .venv/bin/python bench/recovery.py [--nodes 3] [--skip-tuned]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _ours_side import run_ours
+from _raytrain_side import run_raytrain
+
+from orchestrator.demo.cluster import LocalCluster, NodeKind
+from orchestrator.demo.output import ray_output_to
+
+KIND = NodeKind("A100-80", 1.0)
+SHAPE = {
+    "name": "gpt-recovery",
+    "num_layers": 4,
+    "hidden_size": 128,
+    "num_heads": 4,
+    "sequence_length": 64,
+    "vocab_size": 256,
+    "dtype": "fp32",
+}
+GLOBAL_BATCH = 24  # divisible by 2 and 3 workers
+LEARNING_RATE = 3e-3
+LIMIT_S = 240.0  # per wait; a system that takes longer is reported as such
+
+
+def log(text: str) -> None:
+    print(text, file=sys.__stdout__, flush=True)
+
+
+def job_spec(checkpoint_interval: int) -> dict[str, Any]:
+    return {
+        "name": "recovery-bench",
+        "model": {"factory": "orchestrator.models.gpt:make_gpt", "shape": SHAPE},
+        "data": {},
+        "training": {
+            "global_batch_size": GLOBAL_BATCH,
+            "microbatch_sizes": [8],
+            "mixed_precision": False,
+            "steps": 100_000,  # the benchmark stops the run once it has its figures
+            "learning_rate": LEARNING_RATE,
+            "optimizer": "adam",
+        },
+        "checkpoint": {
+            "dir": "checkpoints",
+            "interval_steps": checkpoint_interval,
+            "resume": False,
+        },
+        "metrics": {"port": None},
+        "profiles": "profiles",
+        "elasticity": {"max_failures": 3},
+    }
+
+
+def raytrain_config() -> dict[str, Any]:
+    return {
+        "model_factory": "orchestrator.models.gpt:make_gpt",
+        "model_kwargs": SHAPE,
+        "sequence_length": SHAPE["sequence_length"],
+        "seed": 0,
+        "learning_rate": LEARNING_RATE,
+        "global_batch_size": GLOBAL_BATCH,
+        "steps": 100_000,
+        "fastest_speed": KIND.emulated_speed,
+    }
+
+
+def ours(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import ray
+
+    from orchestrator.runtime.discovery import discover_nodes
+    from orchestrator.runtime.jobs import worker_job
+    from orchestrator.runtime.profiling import profile_device_types
+    from orchestrator.spec.job import JobSpec
+
+    work.mkdir(parents=True, exist_ok=True)
+    job_file = work / "job.yaml"
+    job_file.write_text(json.dumps(job_spec(args.checkpoint_interval)))
+    job = JobSpec.model_validate(job_spec(args.checkpoint_interval))
+    cluster = LocalCluster()
+    try:
+        cluster.start([KIND] * args.nodes)
+        ray.init(address=cluster.address, log_to_driver=False)
+        profile_device_types(
+            worker_job(job, job_file), discover_nodes(), [8], work / "profiles",
+            work / "profile-cache", out=lambda s: None,
+        )  # fmt: skip
+        return run_ours(
+            cluster, job_file, crash_at_step=args.crash_at,
+            steps_before_join=args.steps_before_join, join_kind=KIND, limit_s=LIMIT_S, log=log,
+        )  # fmt: skip
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def raytrain(args: argparse.Namespace, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    cluster = LocalCluster()
+    try:
+        cluster.start([KIND] * args.nodes)
+        return run_raytrain(
+            cluster, work, raytrain_config(), checkpoint_interval=args.checkpoint_interval,
+            min_workers=args.nodes - 1, max_workers=args.nodes, crash_at_step=args.crash_at,
+            steps_before_join=args.steps_before_join, join_kind=KIND, extra_env=env,
+            limit_s=LIMIT_S, log=log,
+        )  # fmt: skip
+    finally:
+        cluster.shutdown()
+
+
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    if isinstance(value, int | float) and math.isfinite(value):
+        return f"{value:{spec}}"
+    return "n/a"
+
+
+def report(results: dict[str, dict[str, Any]]) -> None:
+    log("")
+    log(f"{'system':<34} {'crash->step s':>13} {'lost':>5} {'join->step s':>12} "
+        f"{'join lost':>9} {'samples/s before':>16} {'after':>7}")  # fmt: skip
+    for name, r in results.items():
+        log(
+            f"{name:<34} {_fmt(r.get('recovery_s')):>13} {_fmt(r.get('lost_steps'), '.0f'):>5} "
+            f"{_fmt(r.get('join_to_step_s')):>12} {_fmt(r.get('join_lost_steps'), '.0f'):>9} "
+            f"{_fmt(r.get('samples_per_s_before')):>16} {_fmt(r.get('samples_per_s_after')):>7}"
+        )
+        for key in ("error", "join_note"):
+            if key in r:
+                log(f"  {name}: {r[key]}")
+    mine = results["ours"].get("recovery_s")
+    for name, r in results.items():
+        theirs = r.get("recovery_s")
+        if name != "ours" and mine and theirs:
+            log(f"recovery time ours / {name}: {mine / theirs:.2f}  (target <= 0.33)")
+    if mine:
+        log(f"recovery time ours: {mine:.1f} s  (target <= 10 s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="crash and join: ours against Ray Train v2")
+    parser.add_argument("--nodes", type=int, default=3, help="one-CPU nodes at the start")
+    parser.add_argument("--crash-at", type=int, default=35, help="crash after this many steps")
+    parser.add_argument("--steps-before-join", type=int, default=20)
+    parser.add_argument("--checkpoint-interval", type=int, default=10)
+    parser.add_argument("--skip-tuned", action="store_true", help="Ray Train defaults only")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="recovery-bench-") as tmp:
+        work = Path(tmp)
+        results: dict[str, dict[str, Any]] = {}
+        # Ray's driver messages (a crashed raylet's last lines) go to a log, not the figures.
+        with ray_output_to(work / "ray-driver.log"):
+            log(f"ours: {args.nodes} x {KIND.device_type} nodes (one CPU each)")
+            results["ours"] = ours(args, work / "ours")
+            log("Ray Train v2, defaults")
+            results["Ray Train v2 (defaults)"] = raytrain(args, work / "rt-default", {})
+            if not args.skip_tuned:
+                log("Ray Train v2, RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=10")
+                results["Ray Train v2 (start timeout 10 s)"] = raytrain(
+                    args, work / "rt-tuned", {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
+                )
+    report(results)
+    log(f"(all on one machine, emulated nodes; {time.time() - started:.0f} s in all)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
