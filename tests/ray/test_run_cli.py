@@ -61,3 +61,42 @@ def test_bad_job_is_one_line_and_exit_2(
     assert code == 2, stderr[-3000:]
     assert len(lines) == 1 and message in lines[0], stderr[-3000:]
     assert "Traceback" not in stderr
+
+
+def test_fixed_plan_run_on_emulated_nodes_says_emulated(
+    ray_cluster: object, tmp_path: Path
+) -> None:
+    """A good job with a fixed plan trains, checkpoints, and every step line says "emulated"."""
+    address = ray_cluster.address  # type: ignore[attr-defined]
+    fixed = plan((3, [(0, 2, "A100-80"), (2, 6, "L4")]), (1, [(0, 6, "A100-80")]))
+    changes = {"checkpoint": {"dir": str(tmp_path / "ckpt"), "interval_steps": 1}}
+    (tmp_path / "plan.json").write_text(fixed.to_json())
+    job = {**JOB, **changes, "plan": "plan.json"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    cli = [sys.executable, "-m", "orchestrator.cli.main", "run", str(tmp_path / "job.yaml")]
+    proc = subprocess.run([*cli, "--address", address], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert len(steps) == 2 and all(line.endswith("(emulated)") for line in steps), proc.stdout
+    assert "emulated speeds on A100-80, L4" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "step-00000001",
+        "step-00000002",
+    ]
+
+
+def test_profile_command_writes_emulated_profiles(ray_cluster: object, tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(JOB))
+    cli = [sys.executable, "-m", "orchestrator.cli.main", "profile", str(tmp_path / "job.yaml")]
+    where = ["--address", ray_cluster.address]  # type: ignore[attr-defined]
+    proc = subprocess.run(
+        [*cli, "--out", str(tmp_path / "profiles"), "--cache", str(tmp_path / "cache"), *where],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "A100-80: measured, emulated x1" in proc.stdout
+    assert "L4: measured, emulated x2" in proc.stdout
+    files = sorted(p.name for p in (tmp_path / "profiles" / "gpt-test").iterdir())
+    assert files == ["A100-80.json", "L4.json"]
