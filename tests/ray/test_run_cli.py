@@ -66,7 +66,8 @@ def test_bad_job_is_one_line_and_exit_2(
 def test_fixed_plan_run_on_emulated_nodes_says_emulated(
     ray_cluster: object, tmp_path: Path
 ) -> None:
-    """A good job with a fixed plan trains, checkpoints, and every step line says "emulated"."""
+    """A fixed-plan job trains, checkpoints, and every step line says "emulated"; a corrupt
+    newest checkpoint is reported and the previous good one resumed."""
     address = ray_cluster.address  # type: ignore[attr-defined]
     fixed = plan((3, [(0, 2, "A100-80"), (2, 6, "L4")]), (1, [(0, 6, "A100-80")]))
     changes = {"checkpoint": {"dir": str(tmp_path / "ckpt"), "interval_steps": 1}}
@@ -83,6 +84,17 @@ def test_fixed_plan_run_on_emulated_nodes_says_emulated(
         "step-00000001",
         "step-00000002",
     ]
+    # Corrupt the newest checkpoint: the next run says so and resumes from the previous one.
+    layer_file = tmp_path / "ckpt" / "step-00000002" / "layer-0003.pt"
+    layer_file.write_bytes(layer_file.read_bytes()[:-8] + b"garbage!")
+    proc = subprocess.run(
+        [*cli, "--address", address, "--steps", "3"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step-00000002 skipped:" in proc.stdout and "checksum" in proc.stdout, proc.stdout
+    assert "resuming from" in proc.stdout and "(step 1)" in proc.stdout, proc.stdout
+    steps = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert steps == ["2/3", "3/3"], proc.stdout
 
 
 def test_profile_command_writes_emulated_profiles(ray_cluster: object, tmp_path: Path) -> None:
