@@ -42,7 +42,12 @@ def _profile_remote(request: Any) -> tuple[ProfileFile, Any]:
 
 
 def _request(
-    job: WorkerJob, device_type: str, microbatch_sizes: Sequence[int], factor: float
+    job: WorkerJob,
+    device_type: str,
+    microbatch_sizes: Sequence[int],
+    factor: float,
+    warmup: int,
+    repeats: int,
 ) -> Any:
     from orchestrator.worker.data import DataConfig
     from orchestrator.worker.profiler import ProfileRequest
@@ -55,6 +60,8 @@ def _request(
         data=DataConfig(**job.data),
         optimizer=job.optimizer,
         slowdown_factor=factor,
+        warmup=warmup,
+        repeats=repeats,
         seed=job.seed,
     )
 
@@ -71,8 +78,14 @@ def profile_device_types(
     cache_dir: Path,
     force: bool = False,
     out: Callable[[str], None] = print,
+    warmup: int = 2,
+    repeats: int = 7,
 ) -> list[ProfiledType]:
-    """Profile every device type present in ``nodes`` (one actor each, run one after another)."""
+    """Profile every device type present in ``nodes`` (one actor each, run one after another).
+
+    Each time is the median of ``repeats`` runs after ``warmup`` untimed ones: medians of a few
+    more runs than the profiler's default keep a busy machine's outliers out of the plan.
+    """
     from orchestrator.spec.profiles import read_profile
     from orchestrator.worker.model_api import build_model
     from orchestrator.worker.profiler import ProfileCache, write_profile
@@ -86,7 +99,7 @@ def profile_device_types(
     results: list[ProfiledType] = []
     for device_type, node in sorted(first_of_type.items()):
         factor = slowdown_factor(node, reference) if node.emulated else 1.0
-        request = _request(job, device_type, microbatch_sizes, factor)
+        request = _request(job, device_type, microbatch_sizes, factor, warmup, repeats)
         cached = cache.path(request, model_name)
         from_cache = cached.is_file() and not force
         if from_cache:
