@@ -9,7 +9,6 @@ the failure completes) and its per-step lines.
 
 from __future__ import annotations
 
-import ast
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -19,18 +18,15 @@ from typing import Any
 _STEP_LINE = re.compile(r"^step (?P<done>\d+)/\d+ .* (?P<rate>[0-9.]+) samples/s")
 
 
-def _worker_nodes(events: list[dict[str, Any]]) -> list[str]:
-    """Node ids of the latest chosen plan's stages (plans name nodes as discovery does)."""
-    from orchestrator.runtime.discovery import discover_nodes
+def _worker_nodes() -> list[str]:
+    """Node ids whose CPU is taken (by a worker's placement bundle); private Ray state API."""
+    from ray._private.state import available_resources_per_node
 
-    chosen = [e for e in events if e["kind"] == "plan_chosen" and "plan" in e.get("data", {})]
-    if not chosen:
-        return []
-    raw = chosen[-1]["data"]["plan"]
-    plan = ast.literal_eval(raw) if isinstance(raw, str) else raw
-    by_name = {n.name: n.node_id for n in discover_nodes()}
-    names = [s.get("node") for r in plan.get("replicas", []) for s in r.get("stages", [])]
-    return [by_name[name] for name in names if name in by_name]
+    return [
+        node_id
+        for node_id, free in available_resources_per_node().items()
+        if free.get("CPU", 0.0) < 1.0
+    ]
 
 
 class _Follower:
@@ -124,8 +120,9 @@ def _drive(
 ) -> dict[str, Any]:
     if not f.wait_until(lambda: f.steps >= crash_at_step, limit_s):
         return {"error": f"ours did not reach step {crash_at_step}: {f.status.get('reason')}"}
-    hosts = _worker_nodes(f.status["events"])
-    victim = next(n for n in reversed(cluster.alive_nodes()) if n.node_id in hosts)
+    hosts = set(_worker_nodes())
+    alive = cluster.alive_nodes()
+    victim = next((n for n in reversed(alive) if n.node_id in hosts), alive[-1])
     steps_at_crash = f.steps
     crashed_at_s = cluster.crash(victim)
     log(f"  ours: crashed node {victim.node_id[:8]} after step {steps_at_crash}")

@@ -10,8 +10,9 @@ checkpoint (model, optimizer, step) every ``--checkpoint-interval`` steps throug
 ``ray.train.report``; after a failure Ray Train restarts the whole worker group and the loop
 resumes from ``ray.train.get_checkpoint()``.
 
-Rank 0 appends ``<committed steps> <wall time> <world size>`` to the progress file after every
-step, so the benchmark reads when each step completed and from where training resumed.
+Rank 0 appends ``<committed steps> <wall time> <world size> <group id>`` to the progress file
+after every step (a new id per worker-group start), so the benchmark reads when each step
+completed, which group ran it, and from where training resumed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any
 
 
 def _train_loop(config: dict[str, Any]) -> None:
+    import uuid
+
     import ray
     import torch
     import torch.distributed as dist
@@ -38,6 +41,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     from orchestrator.worker.optim import make_optimizer
 
     torch.set_num_threads(1)
+    group = uuid.uuid4().hex[:8]  # tells this worker group's steps from the previous group's
     ctx = train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     model = build_model(config["model_factory"], config["model_kwargs"])
@@ -79,7 +83,7 @@ def _train_loop(config: dict[str, Any]) -> None:
         done = step + 1
         if rank == 0:
             with open(config["progress_path"], "a") as f:
-                f.write(f"{done} {time.time():.6f} {world}\n")
+                f.write(f"{done} {time.time():.6f} {world} {group}\n")
         if done % config["checkpoint_interval"] == 0 or done == config["steps"]:
             _report(done, net, optimizer, rank)
 

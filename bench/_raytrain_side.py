@@ -27,11 +27,13 @@ HERE = Path(__file__).resolve().parent
 
 @dataclass(frozen=True)
 class Progress:
-    """One committed step: the steps committed after it, its wall time, the world size."""
+    """One committed step: the steps committed after it, its wall time, the world size, and the
+    worker group that ran it."""
 
     done: int
     time_s: float
     world: int
+    group: str
 
 
 def read_progress(path: Path) -> list[Progress]:
@@ -40,18 +42,26 @@ def read_progress(path: Path) -> list[Progress]:
     rows = []
     for line in path.read_text().splitlines():
         parts = line.split()
-        if len(parts) == 3:
-            rows.append(Progress(int(parts[0]), float(parts[1]), int(parts[2])))
+        if len(parts) == 4:
+            rows.append(Progress(int(parts[0]), float(parts[1]), int(parts[2]), parts[3]))
     return rows
 
 
 def recovery_figures(rows: list[Progress], crashed_at_s: float) -> dict[str, float]:
-    """Seconds from the crash to the first step committed after it, and the steps redone."""
+    """Seconds from the crash to the first step of the restarted worker group, and the steps
+    lost (committed by the old group, trained again by the new one).
+
+    A step of the old group can still complete just after the crash (its all-reduce finished
+    before the kill); it is not a recovery, so the first step of a *new* group counts.
+    """
     before = [r for r in rows if r.time_s <= crashed_at_s]
-    after = [r for r in rows if r.time_s > crashed_at_s]
-    if not before or not after:
+    if not before:
         return {}
-    last = before[-1].done
+    old_group = before[-1].group
+    after = [r for r in rows if r.time_s > crashed_at_s and r.group != old_group]
+    if not after:
+        return {}
+    last = max(r.done for r in rows if r.group == old_group)
     return {
         "recovery_s": after[0].time_s - crashed_at_s,
         "lost_steps": float(max(0, last - (after[0].done - 1))),
@@ -79,7 +89,9 @@ def join_figures(
     figures = {"samples_per_s_before": rate_samples_per_s(before[-20:], global_batch)}
     if bigger:
         figures["join_to_step_s"] = bigger[0].time_s - joined_at_s
-        last = max(r.done for r in rows if r.time_s < bigger[0].time_s)
+        last = max(
+            r.done for r in rows if r.group != bigger[0].group and r.time_s < bigger[0].time_s
+        )
         figures["join_lost_steps"] = float(max(0, last - (bigger[0].done - 1)))
         figures["samples_per_s_after"] = rate_samples_per_s(bigger, global_batch)
     return figures
@@ -173,7 +185,9 @@ def _drive(
     victim = cluster.alive_nodes()[-1]
     crashed_at_s = cluster.crash(victim)
     log(f"  Ray Train: crashed node {victim.node_id[:8]} after step {done()}")
-    if not _wait_until(lambda: read_progress(progress)[-1].time_s > crashed_at_s, limit_s, proc):
+    if not _wait_until(
+        lambda: bool(recovery_figures(read_progress(progress), crashed_at_s)), limit_s, proc
+    ):
         return {"error": "Ray Train did not resume within the limit"}
     figures: dict[str, Any] = recovery_figures(read_progress(progress), crashed_at_s)
     log(f"  Ray Train: resumed {figures['recovery_s']:.1f} s after the crash")
