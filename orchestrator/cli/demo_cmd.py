@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import tempfile
 from pathlib import Path
+from types import FrameType
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.demo.runner import run_demo
 
     output = DemoOutput(quiet=args.json)
+    # A SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process the demo started.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         summary = run_demo(scenario, workdir.resolve(), output, args.profile_cache)
     finally:
@@ -66,3 +70,7 @@ def run(args: argparse.Namespace) -> int:
         for line in render(summary):
             print(line, flush=True)
     return 0 if summary.completed else 1
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)

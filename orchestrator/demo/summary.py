@@ -65,7 +65,8 @@ class DemoSummary:
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["loss_fell"] = self.loss_fell
-        return _finite(doc)
+        finite: dict[str, Any] = _finite(doc)
+        return finite
 
 
 def _finite(value: Any) -> Any:
@@ -110,7 +111,9 @@ _PLAN_HEADER = re.compile(
 )
 
 
-def _after(events: list[dict[str, Any]], time_s: float, kinds: tuple[str, ...]) -> list[dict]:
+def _after(
+    events: list[dict[str, Any]], time_s: float, kinds: tuple[str, ...]
+) -> list[dict[str, Any]]:
     return [e for e in events if e.get("kind") in kinds and float(e.get("time_s", 0)) >= time_s]
 
 
