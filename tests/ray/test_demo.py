@@ -84,3 +84,53 @@ def test_demo_refuses_too_few_steps(tmp_path: Path) -> None:
     assert code == 2
     assert summary == {}
     assert "--steps" in stderr and "Traceback" not in stderr
+
+
+# ---- the summary's arithmetic, on literal data (no Ray) -------------------------------------
+
+
+def test_summary_reads_plans_recovery_and_join_from_events_and_timeline() -> None:
+    from orchestrator.demo.scenario import DemoScenario
+    from orchestrator.demo.summary import build_summary
+    from orchestrator.demo.timeline import Timeline
+
+    t = Timeline(global_batch_size=32)
+    for i in range(10):  # 1 step per 0.5 s before the crash at 5.0: 64 samples/s
+        t.record(i * 0.5, i)
+    t.add_line(0.0, "plan (planner): A100-80 x2; predicted step 0.1994 s (emulated) [initial]")
+    t.add_line(0.0, "  replica 0: batch 16, stages [0,6)@A100-80")
+    t.add_line(9.0, "plan (planner): A100-80 x1, T4 x2; predicted step 0.25 s (emulated) [failure]")
+    t.crashed_at_s, t.crashed_node, t.crashed_at_step = 5.0, "n1", 10
+    t.joined_at_s, t.joined_node, t.joined_at_step = 20.0, "n2", 30
+    events = [
+        {"time_s": 12.0, "kind": "recovery", "message": "recovered",
+         "data": {"recovery_s": 5.5, "lost_steps": 0, "step": 10}},
+        {"time_s": 21.0, "kind": "replan", "message": "join: gain 25.5 s > 9.5 s",
+         "data": {"trigger": "join", "gain_s": 25.5, "switch_cost_s": 9.5}},
+        {"time_s": 30.0, "kind": "plan_chosen", "message": "overhead",
+         "data": {"switch_cost_s": 8.0}},
+    ]  # fmt: skip
+    controller = {"state": "finished", "steps": 60, "first_loss": 5.5, "last_loss": 2.5,
+                  "emulated": True, "events": events}  # fmt: skip
+    s = build_summary(DemoScenario(steps=60), controller, t, [], Path("/w"), "/tmp/orcX")
+    assert s.completed and s.loss_fell
+    assert [p.reason for p in s.plans] == ["initial", "failure"]
+    assert s.plans[1].devices == {"A100-80": 1, "T4": 2}
+    assert s.plans[0].replicas == ["replica 0: batch 16, stages [0,6)@A100-80"]
+    assert s.crash is not None and s.crash["crash_to_first_step_s"] == 7.0  # 12.0 - 5.0
+    assert s.crash["lost_steps"] == 0
+    assert s.join is not None and s.join["switched"] and s.join["join_to_first_step_s"] == 10.0
+    # Window [0, 5], its first step left out: steps 1..9 at 0.5..4.5 s, 8 x 32 samples in 4 s.
+    assert s.throughput_samples_per_s["initial"] == 64.0
+    assert "emulated" in s.emulation
+
+
+def test_summary_says_not_completed_when_the_run_failed() -> None:
+    from orchestrator.demo.scenario import DemoScenario
+    from orchestrator.demo.summary import build_summary
+    from orchestrator.demo.timeline import Timeline
+
+    controller = {"state": "failed", "reason": "failure budget spent", "steps": 12, "events": []}
+    s = build_summary(DemoScenario(steps=60), controller, Timeline(16), [], Path("/w"))
+    assert not s.completed
+    assert s.to_json()["completed"] is False
