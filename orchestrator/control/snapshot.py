@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.errors import SpecError
-from orchestrator.spec.cluster import DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, Cluster, Node
+from orchestrator.spec.cluster import Cluster, Node
 from orchestrator.spec.devices import DeviceCatalog
 
 DEVICE_TYPE_LABEL = "orchestrator.io/device-type"
@@ -134,17 +134,7 @@ class ClusterSnapshot:
                     field=f"labels.{DEVICE_TYPE_LABEL}",
                     fix=f"label the node with one of {', '.join(catalog.names())}",
                 )
-            device = catalog[n.device_type]
-            nodes.append(
-                Node(
-                    name=n.node_id,
-                    group=n.device_type,
-                    device_type=device,
-                    num_devices=n.num_devices,
-                    intra_node_bandwidth_bytes_per_s=device.intra_node_bandwidth_bytes_per_s,
-                    inter_node_bandwidth_bytes_per_s=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S,
-                )
-            )
+            nodes.append(Node.from_device(n.node_id, catalog[n.device_type], n.num_devices))
         return Cluster(nodes=tuple(nodes))
 
 

@@ -16,10 +16,10 @@ from orchestrator.runtime.labels import (
     ACCELERATOR_LABEL,
     CPU_DEVICE_TYPE,
     DEVICE_TYPE_LABEL,
-    EMULATED_SPEED_LABEL,
 )
-from orchestrator.spec.cluster import DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S, Cluster, Node
+from orchestrator.spec.cluster import Cluster, Node
 from orchestrator.spec.devices import DeviceCatalog
+from orchestrator.worker.emulation import parse_speed
 
 
 @dataclass(frozen=True)
@@ -57,23 +57,6 @@ def _device_type_of(labels: Mapping[str, str], has_gpus: bool) -> tuple[str, str
     return CPU_DEVICE_TYPE, None
 
 
-def _emulated_speed(labels: Mapping[str, str], node_id: str) -> float | None:
-    raw = labels.get(EMULATED_SPEED_LABEL)
-    if raw is None:
-        return None
-    try:
-        speed = float(raw)
-    except ValueError:
-        speed = -1.0
-    if not speed > 0:
-        raise SpecError(
-            f"node {node_id[:12]} has {EMULATED_SPEED_LABEL}={raw!r}",
-            field=EMULATED_SPEED_LABEL,
-            fix="set it to a positive relative speed such as 1.0 or 0.25",
-        )
-    return speed
-
-
 def nodes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[RayNode]:
     """Live nodes with at least one device, sorted by (device type, node id), named in order."""
     found: list[tuple[str, str | None, Mapping[str, Any], Mapping[str, str]]] = []
@@ -106,7 +89,7 @@ def nodes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[RayNode]:
                 type_label=key,
                 num_devices=int(resources.get("GPU", 0)) if has_gpus else int(resources["CPU"]),
                 uses_gpus=has_gpus,
-                emulated_speed=_emulated_speed(labels, node_id),
+                emulated_speed=parse_speed(labels, where=f"node {node_id[:12]}"),
                 labels=labels,
             )
         )
@@ -138,17 +121,7 @@ def cluster_from_nodes(nodes: Sequence[RayNode], catalog: DeviceCatalog | None =
                 field=node.type_label or DEVICE_TYPE_LABEL,
                 fix=f"label it {DEVICE_TYPE_LABEL}=<one of {', '.join(catalog.names())}>",
             )
-        device = catalog[node.device_type]
-        out.append(
-            Node(
-                name=node.name,
-                group=node.device_type,
-                device_type=device,
-                num_devices=node.num_devices,
-                intra_node_bandwidth_bytes_per_s=device.intra_node_bandwidth_bytes_per_s,
-                inter_node_bandwidth_bytes_per_s=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S,
-            )
-        )
+        out.append(Node.from_device(node.name, catalog[node.device_type], node.num_devices))
     return Cluster(nodes=tuple(out))
 
 

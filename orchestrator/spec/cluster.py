@@ -110,6 +110,19 @@ class Node:
     intra_node_bandwidth_bytes_per_s: float
     inter_node_bandwidth_bytes_per_s: float
 
+    @classmethod
+    def from_device(cls, name: str, device: DeviceType, num_devices: int) -> Node:
+        """A discovered node (its own group): the device type's typical intra-node bandwidth and
+        the default network, where nothing more is known about its links."""
+        return cls(
+            name=name,
+            group=device.name,
+            device_type=device,
+            num_devices=num_devices,
+            intra_node_bandwidth_bytes_per_s=device.intra_node_bandwidth_bytes_per_s,
+            inter_node_bandwidth_bytes_per_s=DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S,
+        )
+
     @property
     def network_share_bytes_per_s(self) -> float:
         """One device's share of the node's network when all devices talk at once."""

@@ -37,7 +37,7 @@ def parse_speed(labels: Mapping[str, str], where: str = "node") -> float | None:
         raise SpecError(
             f"{where} has {EMULATED_SPEED_LABEL}={raw!r}; it must be a positive number",
             field=EMULATED_SPEED_LABEL,
-            fix="label the node with a relative speed such as 1.0 or 0.25",
+            fix="label the node with a positive relative speed such as 1.0 or 0.25",
         )
     return speed
 
