@@ -1,8 +1,9 @@
 """Failure budget with exponential backoff.
 
-A run may lose workers ``max_failures`` times; the n-th failure (1-based) waits
-``min(initial_backoff_s * multiplier ** (n - 1), max_backoff_s)`` before the controller re-plans,
-so a flapping node does not make the run thrash. Failure ``max_failures + 1`` gives up.
+A run may lose workers ``max_failures`` times. The first failure re-plans at once (a single crash
+should cost no idle time); the n-th (n >= 2) waits ``min(initial_backoff_s * multiplier ** (n - 2),
+max_backoff_s)`` before the controller re-plans, so a flapping node does not make the run thrash.
+Failure ``max_failures + 1`` gives up.
 """
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ class FailurePolicy:
             )
 
     def backoff_s(self, failure_count: int) -> float:
-        """Seconds to wait after the ``failure_count``-th failure (1-based)."""
-        raw = self.initial_backoff_s * self.backoff_multiplier ** max(0, failure_count - 1)
+        """Seconds to wait after the ``failure_count``-th failure (1-based): none after the first."""
+        if failure_count <= 1:
+            return 0.0
+        raw = self.initial_backoff_s * self.backoff_multiplier ** (failure_count - 2)
         return min(raw, self.max_backoff_s)
 
     def decide(self, failure_count: int, cause: str) -> Retry | GiveUp:

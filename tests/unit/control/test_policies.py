@@ -23,8 +23,9 @@ def test_failure_backoff_doubles_then_caps_and_budget_runs_out():
     policy = FailurePolicy(
         max_failures=5, initial_backoff_s=1, backoff_multiplier=2, max_backoff_s=5
     )
-    # 1, 2, 4, then capped at 5
-    assert [policy.decide(n, "x").after_s for n in range(1, 6)] == [1, 2, 4, 5, 5]
+    # The first failure re-plans at once; then 1, 2, 4, capped at 5.
+    assert [policy.decide(n, "x").after_s for n in range(1, 6)] == [0, 1, 2, 4, 5]
+    assert [policy.backoff_s(n) for n in range(1, 7)] == [0, 1, 2, 4, 5, 5]
     assert policy.decide(3, "x").failures_left == 2
     give_up = policy.decide(6, "node n1 lost")
     assert isinstance(give_up, FailureDecision.GIVE_UP)
