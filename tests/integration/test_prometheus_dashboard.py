@@ -1,15 +1,11 @@
 """The Grafana dashboard and the alert rules, proven against a real Prometheus.
 
 Real: Debian's ``prometheus`` server (started here on loopback, 1 s scrapes, a temporary TSDB)
-and ``promtool``; the controller's telemetry server and exporter; and the training run they
-watch: the elastic controller's state machine, the planner and cost model, torch training on CPU
-and checkpoints on disk, with a node crash injected (see ``emulated_run.py``).
-
-Not yet real: the cluster, device speeds and the worker group are emulated in-process
-(``emulated_run.EmulatedWorkerGroup``), because the elastic Ray run (``orchestrator run`` with
-Ray actor worker groups) is not in the repository yet. Swapping it in is the one line
-``TRAINING_RUN = ...`` below: any callable ``(callbacks, workdir) -> summary`` with ``state``,
-``steps``, ``failures`` and ``lost_steps`` will do.
+and ``promtool``; the controller's telemetry exporter and server; and the training run they
+watch (``ray_run.py``): the elastic controller with its Ray ports on a local multi-node Ray
+cluster (``ray.cluster_utils.Cluster``), Ray actor worker groups training the example GPT with
+torch.distributed (gloo), checkpoints on disk, and one node SIGKILLed mid-run. Device speeds are
+emulated (CPU nodes labelled ``A100-40`` and ``V100-16``); nothing else is.
 
 Every PromQL expression of the dashboard (panels and annotations) must return a finite value
 over the run, and so must the series each alert rule compares; a panel that shows nothing fails.
@@ -29,14 +25,14 @@ from typing import Any
 
 import pytest
 import yaml
-from emulated_run import run_emulated_training
 from prometheus_server import PrometheusServer, finite_values, require_binary
+from ray_run import run_elastic_on_ray
 
 from orchestrator.cli.main import main
 from orchestrator.telemetry import METRIC_NAMES, Telemetry
 
-# The training run the dashboard watches; swap in the elastic Ray run here.
-TRAINING_RUN = run_emulated_training
+# The training run the dashboard watches.
+TRAINING_RUN = run_elastic_on_ray
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "helm/orchestrator/files/grafana-dashboard.json"
 ALERT_RULES = REPO / "helm/orchestrator/files/alert-rules.yaml"
 RULE_TESTS = Path(__file__).with_name("alert-rules.test.yaml")
-RUN = "it-emulated"
+RUN = "it-ray"
 # Grafana's $__rate_interval with 1 s scrapes and a 1 s step: max(4 x scrape, step + scrape).
 RATE_INTERVAL = "4s"
 # An alert expression is `<series> <op> <number>` (a convention of alert-rules.yaml).
@@ -137,8 +133,9 @@ def observed_run(tmp_path_factory):
 def test_the_run_failed_recovered_and_finished(observed_run):
     summary = observed_run["summary"]
     assert summary.state == "finished"
-    assert summary.failures == 1
-    assert summary.lost_steps > 0  # restored from a checkpoint older than the failure
+    assert summary.steps == 24
+    assert summary.failures >= 1  # the crashed node
+    assert summary.lost_steps <= 5  # at most one checkpoint interval
 
 
 def test_every_dashboard_expression_returns_data(observed_run):
@@ -158,12 +155,12 @@ def test_annotations_mark_the_recovery_and_the_replan(observed_run):
     reasons: dict[str, set[str]] = {}
     for where, expr in dashboard_queries():
         if where.startswith("annotation"):
-            result = prometheus.query_range(grafana_expr(expr), start_s, end_s, step_s=15)
+            result = prometheus.query_range(grafana_expr(expr), start_s, end_s, step_s=1)
             reasons[where] = {series["metric"]["reason"] for series in result}
-    assert reasons == {
-        "annotation 'Plan changes'": {"initial", "failure"},
-        "annotation 'Recoveries'": {"failure"},
-    }
+    # The crash is there; a real run on two busy cores may also re-plan for a straggler.
+    assert {"initial", "failure"} <= reasons["annotation 'Plan changes'"]
+    assert reasons["annotation 'Plan changes'"] <= {"initial", "failure", "straggler", "join"}
+    assert reasons["annotation 'Recoveries'"] == {"failure"}
 
 
 def test_queries_use_only_exported_metric_names():
@@ -208,16 +205,20 @@ def test_alert_series_return_data_and_stay_quiet_on_one_recovery(observed_run):
     prometheus, start_s, end_s = (observed_run[k] for k in ("prometheus", "start_s", "end_s"))
     # The run stepped steadily and recovered once: neither stalled nor looping. Rules with a
     # window longer than the run still return data (increase() over the samples there are).
+    # Judged from the first committed step on: before it the run is still being planned and
+    # launched, which the stalled rule's `for:` window (minutes) covers in production.
+    stepped = prometheus.query_range(f'orchestrator_steps_total{{run="{RUN}"}} > 0', start_s, end_s)
+    start_s = min(float(t) for series in stepped for t, _ in series["values"])
     quiet = {"OrchestratorJobStalled", "OrchestratorRecoveryLoop"}
     assert quiet <= {rule["alert"] for rule in alert_rules()}
     problems = []
     for rule in alert_rules():
         series, op, threshold = split_alert(rule["expr"])
-        if not finite_values(prometheus.query_range(series, start_s + 5, end_s)):
+        if not finite_values(prometheus.query_range(series, start_s, end_s)):
             problems.append(f"{rule['alert']}: no data for {series}")
             continue
         verdicts = finite_values(
-            prometheus.query_range(f"({series}) {op} bool {threshold}", start_s + 5, end_s)
+            prometheus.query_range(f"({series}) {op} bool {threshold}", start_s, end_s)
         )
         if not verdicts:
             problems.append(f"{rule['alert']}: no data for the comparison")
@@ -231,7 +232,8 @@ def test_metrics_and_status_were_served_through_the_replan_and_recovery(observed
     up = finite_values(prometheus.query_range('up{job="orchestrator"}', start_s, end_s))
     assert up and min(up) == 1  # every scrape during the run succeeded
     changes = prometheus.query(f'sum(orchestrator_plan_changes_total{{run="{RUN}"}})', end_s)
-    assert finite_values(changes) == [2.0]  # the initial plan and the one after the failure
+    # The initial plan and the one after the failure (plus any straggler re-plan on busy cores).
+    assert finite_values(changes) and finite_values(changes)[0] >= 2.0
     poller = observed_run["poller"]
     assert poller.errors == []
     assert "running" in poller.states and poller.states[-1] == "finished"
@@ -242,7 +244,8 @@ def test_status_command_shows_the_recovery(observed_run, capsys):
     assert main(["status", "--address", url, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["state"] == "finished" and doc["step"] == observed_run["summary"].steps - 1
-    assert doc["plan"]["devices"] == {"A100-40": 2}  # the V100 node crashed
+    # One V100 node crashed: the final plan runs on at most the three devices left.
+    assert 1 <= sum(doc["plan"]["devices"].values()) <= 3
     kinds = [event["kind"] for event in doc["events"]]
     assert "failure" in kinds and "recovery" in kinds
     assert doc["lost_steps"] == observed_run["summary"].lost_steps

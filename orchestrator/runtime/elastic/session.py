@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import statistics
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,8 +175,14 @@ def summarise(c: Controller, progress: ProgressLines, store: CheckpointStore) ->
     }
 
 
-def build_session(spec: ElasticJob, *, serve: bool = True) -> Session:
-    """Wire the controller for ``spec`` (see the module docstring)."""
+def build_session(
+    spec: ElasticJob,
+    *,
+    serve: bool = True,
+    extra_callbacks: Sequence[ControllerCallback] = (),
+) -> Session:
+    """Wire the controller for ``spec`` (see the module docstring); ``extra_callbacks`` see every
+    hook too (an exporter of the caller's, say)."""
     job = spec.job
     job_file = Path(spec.job_file)
     interval = job.checkpoint.interval_steps if job.checkpoint else 0
@@ -200,9 +207,9 @@ def build_session(spec: ElasticJob, *, serve: bool = True) -> Session:
     planner = MakePlanPlanner(job.model.shape, training, _profiles(job, job_file))
     progress = ProgressLines(spec.total_steps)
     telemetry = _telemetry(job, spec.metrics_port, probe) if serve else None
-    callbacks: list[ControllerCallback] = [progress]
+    callbacks: list[ControllerCallback] = [progress, *extra_callbacks]
     if telemetry is not None:
-        callbacks = [*telemetry.callbacks, progress]
+        callbacks = [*telemetry.callbacks, *callbacks]
     controller = Controller(
         config=config,
         probe=probe,
