@@ -2,9 +2,10 @@
 
 A Ray node may carry the labels ``orchestrator.io/device-type=<catalog name>`` and
 ``orchestrator.io/emulated-speed=<relative speed>`` (e.g. ``1.0`` for the fast type and ``0.25``
-for one four times slower). A worker on such a node sleeps ``(factor - 1) x`` the measured time of
-each forward, backward and optimizer update, where ``factor = fastest speed / node speed``; its
-compute then takes ``factor x`` as long, as on the slower device. Emulation never switches itself
+for one four times slower). A worker on such a node makes each forward, backward and optimizer
+update last ``factor x`` the CPU time it needed (sleeping the difference), where ``factor =
+reference speed / node speed``: its compute then takes as long as on the slower device, whatever
+else runs on the host's cores. Emulation never switches itself
 on where a real GPU is present, and everything it produces says "emulated".
 
 Pure (no torch), so the Ray side can compute factors in the driver.
@@ -56,7 +57,14 @@ def slowdown_factor(node_speed: float | None, fastest_speed: float, gpu_present:
 
 
 class Stretcher:
-    """Runs a callable and then sleeps ``(factor - 1) x`` its measured time."""
+    """Runs a callable and makes it last ``factor x`` the CPU time it needed.
+
+    The emulated device's time is the factor times the *CPU time* of the work (on this thread,
+    where torch runs CPU ops with one intra-op thread), not its wall time: other processes that
+    share the host's cores (other emulated devices, Ray's daemons) then do not slow an emulated
+    device down, so each behaves like a machine of its own, as long as the host has the cores for
+    the CPU time every emulated device needs.
+    """
 
     def __init__(self, factor: float = 1.0) -> None:
         if factor < 1.0:
@@ -75,13 +83,18 @@ class Stretcher:
     def run(self, fn: Callable[[], T], sync: Callable[[], None] | None = None) -> T:
         """Call ``fn``; ``sync`` (e.g. a CUDA synchronize) runs before the clock stops."""
         start = time.perf_counter()
+        cpu_start = time.thread_time()
         result = fn()
         if sync is not None:
             sync()
-        elapsed_s = time.perf_counter() - start
-        if self.factor > 1.0:
-            time.sleep((self.factor - 1.0) * elapsed_s)
-        self.compute_s += self.factor * elapsed_s
+        wall_s = time.perf_counter() - start
+        if self.factor == 1.0:  # real speed: what the clock saw
+            self.compute_s += wall_s
+            return result
+        emulated_s = self.factor * (time.thread_time() - cpu_start)
+        if emulated_s > wall_s:
+            time.sleep(emulated_s - wall_s)
+        self.compute_s += max(emulated_s, wall_s)
         return result
 
     def reset(self) -> None:

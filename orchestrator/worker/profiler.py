@@ -35,6 +35,9 @@ from orchestrator.worker.engine import build_layers
 from orchestrator.worker.model_api import LayeredModel, build_model
 from orchestrator.worker.optim import make_optimizer
 
+# Bumped when how the profiler measures changes, so cached profiles of the old way are not reused.
+MEASUREMENT_METHOD = "v2: emulated times from thread CPU time"
+
 
 @dataclass(frozen=True)
 class ProfileRequest:
@@ -96,27 +99,30 @@ def _profile_layer(
     is_last = index == model.num_planner_layers - 1
     optimizer = make_optimizer(request.optimizer, layer.parameters(), 1e-6)
     sync = _sync_fn(inputs.device)
+    # Emulated: CPU time of this thread, as the emulated run stretches it (worker/emulation.py),
+    # so profiles agree with runs whatever else shares the host; real devices: the wall clock.
+    clock = time.thread_time if request.slowdown_factor != 1.0 else time.perf_counter
     forward_s, backward_s, update_s = [], [], []
     saved_bytes = 0
     for run in range(request.warmup + request.repeats):
         x = _layer_input(model, layers, index, inputs)
         counter = _SavedBytes(layer)
-        start = time.perf_counter()
+        start = clock()
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
             out = layer(x)
             if is_last:
                 out = model.loss(out, targets)
         sync()
-        mid = time.perf_counter()
+        mid = clock()
         if is_last:
             out.backward()
         else:
             out.backward(torch.ones_like(out))
         sync()
-        end = time.perf_counter()
+        end = clock()
         optimizer.step()
         sync()
-        done = time.perf_counter()
+        done = clock()
         optimizer.zero_grad(set_to_none=True)
         if run >= request.warmup:
             forward_s.append(mid - start)
@@ -201,6 +207,7 @@ class ProfileCache:
             "optimizer": request.optimizer,
             "slowdown_factor": request.slowdown_factor,
             "torch": torch.__version__,
+            "method": MEASUREMENT_METHOD,
         }
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

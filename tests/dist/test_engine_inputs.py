@@ -53,14 +53,41 @@ def test_emulation_factors_from_labels() -> None:
         Stretcher(0.5)
 
 
-def test_stretcher_stretches_measured_time() -> None:
+def _busy(seconds: float) -> None:
+    """Burn CPU time on this thread."""
+    import time
+
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
+def test_stretcher_stretches_cpu_time() -> None:
     import time
 
     stretcher = Stretcher(3.0)
     start = time.perf_counter()
-    stretcher.run(lambda: time.sleep(0.02))
+    stretcher.run(lambda: _busy(0.02))
     wall_s = time.perf_counter() - start
     assert stretcher.emulated
-    # compute_s counts factor x the measured call, and the wall clock saw the sleep happen
+    # The call lasts factor x its CPU time: compute_s counts it and the wall clock saw it.
     assert stretcher.compute_s >= 3.0 * 0.02
     assert wall_s >= 3.0 * 0.02
+
+
+def test_stretcher_ignores_time_the_host_spent_elsewhere() -> None:
+    import time
+
+    # Sleeping uses no CPU: an emulated device is not slowed by waits (or by other processes
+    # taking the host's cores), only by its own work.
+    stretcher = Stretcher(3.0)
+    start = time.perf_counter()
+    stretcher.run(lambda: time.sleep(0.05))
+    wall_s = time.perf_counter() - start
+    assert wall_s < 3.0 * 0.05
+    assert stretcher.compute_s < 3.0 * 0.05
+
+    # At real speed (factor 1) nothing is emulated: compute is what the clock saw.
+    real = Stretcher(1.0)
+    real.run(lambda: time.sleep(0.02))
+    assert real.compute_s >= 0.02
