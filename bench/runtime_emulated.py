@@ -61,6 +61,14 @@ FAST, SLOW = ("A100-80", 0.5), ("T4", 0.125)
 REFERENCE_SPEED = 1.0  # the host CPU (orchestrator.runtime.discovery.emulated_reference_speed)
 
 
+def configure(global_batch: int, blocks: int, fast_speed: float, slow_speed: float) -> None:
+    """Set the workload and the emulated speeds (module globals the functions below read)."""
+    global GLOBAL_BATCH, SHAPE, FAST, SLOW
+    GLOBAL_BATCH = global_batch
+    SHAPE = SHAPE.model_copy(update={"num_layers": blocks})
+    FAST, SLOW = (FAST[0], fast_speed), (SLOW[0], slow_speed)
+
+
 def bench_job() -> WorkerJob:
     return WorkerJob(
         model_factory="orchestrator.models.gpt:make_gpt",
@@ -211,7 +219,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-homogeneous", action="store_true")
+    parser.add_argument("--global-batch", type=int, default=GLOBAL_BATCH)
+    parser.add_argument("--blocks", type=int, default=SHAPE.num_layers, help="transformer blocks")
+    parser.add_argument(
+        "--speeds",
+        default=f"{FAST[1]},{SLOW[1]}",
+        help="emulated speeds of the fast and the slow type, relative to the host CPU",
+    )
     args = parser.parse_args()
+    configure(args.global_batch, args.blocks, *(float(x) for x in args.speeds.split(",")))
     job = bench_job()
     print(f"load average at start: {load_average()} on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:
