@@ -87,6 +87,7 @@ def profile_device_types(
     more runs than the profiler's default keep a busy machine's outliers out of the plan.
     """
     from orchestrator.spec.profiles import read_profile
+    from orchestrator.telemetry.logs import progress
     from orchestrator.worker.model_api import build_model
     from orchestrator.worker.profiler import ProfileCache, write_profile
 
@@ -97,30 +98,33 @@ def profile_device_types(
     for node in nodes:
         first_of_type.setdefault(node.device_type, node)
     results: list[ProfiledType] = []
-    for device_type, node in sorted(first_of_type.items()):
-        factor = slowdown_factor(node, reference) if node.emulated else 1.0
-        request = _request(job, device_type, microbatch_sizes, factor, warmup, repeats)
-        cached = cache.path(request, model_name)
-        from_cache = cached.is_file() and not force
-        if from_cache:
-            result = read_profile(cached)
-        else:
-            tag = f" (emulated x{factor:g})" if node.emulated else ""
-            out(f"profiling {model_name} on {device_type}{tag} ...")
-            options: dict[str, Any] = {"label_selector": _selector(node)} if _selector(node) else {}
-            if node.uses_gpus:
-                options["num_gpus"] = 1
-            result, request = ray.get(_profile_remote.options(**options).remote(request))
-            if node.emulated and not result.emulated:
-                # An emulated type at the reference speed is stretched x1, but still emulated.
-                source = f"{result.source}; emulated device type (CPU at reference speed)"
-                result = result.model_copy(update={"emulated": True, "source": source})
-            write_profile(result, cache.path(request, model_name))
-        target = out_dir / _safe(result.model) / f"{_safe(device_type)}.json"
-        write_profile(result, target)
-        results.append(
-            ProfiledType(device_type, target, from_cache, result.emulated, request.slowdown_factor)
-        )
+    # A bar on a terminal (quiet otherwise): profiling is the slow part of a first run.
+    with progress(f"profiling {model_name}", len(first_of_type)) as bar:
+        for device_type, node in sorted(first_of_type.items()):
+            factor = slowdown_factor(node, reference) if node.emulated else 1.0
+            request = _request(job, device_type, microbatch_sizes, factor, warmup, repeats)
+            cached = cache.path(request, model_name)
+            from_cache = cached.is_file() and not force
+            if from_cache:
+                result = read_profile(cached)
+            else:
+                tag = f" (emulated x{factor:g})" if node.emulated else ""
+                out(f"profiling {model_name} on {device_type}{tag} ...")
+                selector = _selector(node)
+                options: dict[str, Any] = {"label_selector": selector} if selector else {}
+                if node.uses_gpus:
+                    options["num_gpus"] = 1
+                result, request = ray.get(_profile_remote.options(**options).remote(request))
+                if node.emulated and not result.emulated:
+                    # An emulated type at the reference speed is stretched x1, but still emulated.
+                    source = f"{result.source}; emulated device type (CPU at reference speed)"
+                    result = result.model_copy(update={"emulated": True, "source": source})
+                write_profile(result, cache.path(request, model_name))
+            target = out_dir / _safe(result.model) / f"{_safe(device_type)}.json"
+            write_profile(result, target)
+            factor = request.slowdown_factor
+            results.append(ProfiledType(device_type, target, from_cache, result.emulated, factor))
+            bar.advance()
     return results
 
 
