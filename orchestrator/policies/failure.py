@@ -70,7 +70,7 @@ class FailurePolicy:
             )
 
     def backoff_s(self, failure_count: int) -> float:
-        """Seconds to wait after the ``failure_count``-th failure (1-based): none after the first."""
+        """Seconds to wait after the ``failure_count``-th failure (1-based); none after the 1st."""
         if failure_count <= 1:
             return 0.0
         raw = self.initial_backoff_s * self.backoff_multiplier ** (failure_count - 2)
