@@ -147,10 +147,24 @@ class StageEngine:
 
     def train_step(self, step: int) -> StepResult:
         """Run step ``step`` of training on the global batch (this rank's part of it)."""
+        start_s = self.begin_step()
+        loss = self.compute_gradients(step)
+        self.apply_update()
+        return self.step_result(step, loss, start_s)
+
+    # The parts of a step, for workers that order them differently (the elastic worker applies
+    # a step's update only once the step is committed everywhere).
+
+    def begin_step(self) -> float:
+        """Start timing a step (wall clock and emulated compute); returns the start time."""
         if self.runner is None or self.groups is None:
             raise RuntimeError("call setup() before train_step()")
-        start = time.perf_counter()
         self.stretcher.reset()
+        return time.perf_counter()
+
+    def compute_gradients(self, step: int) -> float | None:
+        """Forward and backward of this rank's microbatches, then the gradient all-reduce."""
+        assert self.runner is not None and self.groups is not None, "call setup() first"
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
         inputs, targets = self._batch(step)
@@ -158,7 +172,13 @@ class StageEngine:
         weights = [m / self.config.plan.global_batch_size for m in sizes]
         loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets)
         self.groups.all_reduce(self.layers)
+        return loss
+
+    def apply_update(self) -> None:
+        """The optimizer step of every layer this rank holds (stretched when emulated)."""
         self.stretcher.run(self._update, self._sync)
+
+    def step_result(self, step: int, loss: float | None, start_s: float) -> StepResult:
         return StepResult(
             step=step,
             rank=self.spec.rank,
@@ -166,7 +186,7 @@ class StageEngine:
             stage=self.spec.stage,
             loss=loss,
             compute_s=self.stretcher.compute_s,
-            step_s=time.perf_counter() - start,
+            step_s=time.perf_counter() - start_s,
             samples=self.spec.replica_batch_size,
             emulated=self.stretcher.emulated,
         )

@@ -44,38 +44,15 @@ class ElasticWorker(_Base):  # type: ignore[misc]
     def train_step(self, step: int) -> dict[str, Any]:
         """Forward, backward, all-reduce of step ``step``; the update of step ``step - 1``
         (committed, since the driver only starts ``step`` after it) is applied first."""
-        import time
-
-        from orchestrator.worker.engine import StepResult
-        from orchestrator.worker.schedule import microbatch_sizes
-
         e = self._engine
-        if e is None or e.runner is None or e.groups is None:
+        if e is None:
             raise RuntimeError("call setup() before train_step()")
-        start = time.perf_counter()
-        e.stretcher.reset()
+        start_s = e.begin_step()
         self._settle(step)
-        for opt in e.optimizers.values():
-            opt.zero_grad(set_to_none=True)
-        inputs, targets = e._batch(step)
-        sizes = microbatch_sizes(e.spec.replica_batch_size, e.config.plan.microbatch_size)
-        weights = [m / e.config.plan.global_batch_size for m in sizes]
-        loss = e.runner.run(e.config.schedule, sizes, weights, inputs, targets)
-        e.groups.all_reduce(e.layers)
+        loss = e.compute_gradients(step)
         with self._lock:
             self._pending_step = step
-        result = StepResult(
-            step=step,
-            rank=e.spec.rank,
-            replica=e.spec.replica,
-            stage=e.spec.stage,
-            loss=loss,
-            compute_s=e.stretcher.compute_s,
-            step_s=time.perf_counter() - start,
-            samples=e.spec.replica_batch_size,
-            emulated=e.stretcher.emulated,
-        )
-        return asdict(result)
+        return asdict(e.step_result(step, loss, start_s))
 
     def get_layer_states(self, committed_steps: int | None = None) -> dict[int, dict[str, Any]]:
         """This rank's layers after ``committed_steps`` steps (None: after every step it ran)."""
@@ -93,8 +70,7 @@ class ElasticWorker(_Base):  # type: ignore[misc]
             if pending is None:
                 return
             if committed_steps is None or pending < committed_steps:
-                e = self._engine
-                e.stretcher.run(e._update, e._sync)
+                self._engine.apply_update()
             # else: the step did not commit everywhere; its gradients are zeroed next step
 
 
