@@ -90,7 +90,7 @@ def ray_head(num_cpus: int, labels: dict[str, str], extra_env: dict[str, str]) -
     )
     dashboard = f"http://127.0.0.1:{ports[1]}"
     try:
-        _wait_for_dashboard(dashboard, proc, timeout_s=120)
+        _wait_for_dashboard(dashboard, proc, timeout_s=300)  # a readiness wait, not a timing test
         yield RayHead(f"127.0.0.1:{ports[0]}", dashboard, env)
     finally:
         _stop(proc)

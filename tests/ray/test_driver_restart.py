@@ -25,11 +25,12 @@ model:
   shape: {name: gpt-restart, num_layers: 2, hidden_size: 32, num_heads: 2, sequence_length: 16,
           vocab_size: 256, dtype: fp32}
 data: {}
-training: {global_batch_size: 8, microbatch_sizes: [4], mixed_precision: false, steps: 30,
+training: {global_batch_size: 8, microbatch_sizes: [4], mixed_precision: false, steps: 120,
            learning_rate: 0.003, optimizer: adam, seed: 0}
 checkpoint: {dir: ckpt, interval_steps: 4}
 metrics: {port: null}
 """
+STEPS = 120  # enough that the first run is still training when it is killed
 STEP_LINE = re.compile(r"^step (\d+)/\d+ loss ([0-9.]+)", re.M)
 
 
@@ -49,7 +50,7 @@ def test_a_restarted_driver_resumes_from_the_checkpoint(ray_cluster, tmp_path: P
     )
     assert reference.returncode == 0, reference.stdout[-2000:] + reference.stderr[-2000:]
     expected = _losses(reference.stdout)
-    assert sorted(expected) == list(range(1, 31))
+    assert sorted(expected) == list(range(1, STEPS + 1))
 
     (tmp_path / "job.yaml").write_text(JOB)
     first_log = tmp_path / "first.log"
@@ -81,9 +82,9 @@ def test_a_restarted_driver_resumes_from_the_checkpoint(ray_cluster, tmp_path: P
     assert resumed, second.stdout[-2000:]
     checkpoint_step = int(resumed[1])
     assert checkpoint_step >= 8
-    assert "finished 30 steps" in second.stdout
+    assert f"finished {STEPS} steps" in second.stdout
     before, after = _losses(first_text), _losses(second.stdout)
-    assert max(before) < 30  # the first run was really cut short
+    assert max(before) < STEPS  # the first run was really cut short
     assert min(after) == checkpoint_step + 1  # nothing before the checkpoint is run again
-    assert max(after) == 30
+    assert max(after) == STEPS
     assert {s: after[s] for s in after} == {s: expected[s] for s in after}
