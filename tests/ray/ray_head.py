@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,12 +48,17 @@ def _wait_for_dashboard(url: str, proc: subprocess.Popen[bytes], timeout_s: floa
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"ray start exited early with code {proc.returncode}")
-        with (
-            contextlib.suppress(OSError),
-            urllib.request.urlopen(f"{url}/api/version", timeout=2) as resp,
-        ):
-            if resp.status == 200:
+        try:
+            with urllib.request.urlopen(f"{url}/api/version", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except urllib.error.HTTPError as exc:
+            # Ray's token authentication (on where ~/.ray/auth_token exists) answers 401: the
+            # dashboard is up, and `ray job submit` on this machine reads the same token.
+            if exc.code in (401, 403):
                 return
+        except OSError:
+            pass
         time.sleep(1.0)
     raise TimeoutError(f"Ray dashboard at {url} not up within {timeout_s:.0f} s")
 
