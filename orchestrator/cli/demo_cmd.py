@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "example GPT elastically, crash a node mid-run, add an L4 node later, and summarise."
         ),
     )
-    parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    parser.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     parser.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
     parser.add_argument("--no-failure", action="store_true", help="do not crash a node")
     parser.add_argument(

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 # Short enough for a test, long enough that the join's switch pays (gain > measured cost).
-STEPS = 160
+STEPS = 300
 
 
 def run_demo(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
