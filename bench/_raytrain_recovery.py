@@ -71,7 +71,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     for step in range(start_step, config["steps"]):
         x, y = dataset.batch(step, gbs, lo, hi - lo)
         optimizer.zero_grad(set_to_none=False)
-        stretcher.run(lambda x=x, y=y: fwd_bwd(x, y))
+        stretcher.run(lambda x=x, y=y: fwd_bwd(x, y), key="forward+backward")
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         dist.all_reduce(flat)
         offset = 0
@@ -79,7 +79,7 @@ def _train_loop(config: dict[str, Any]) -> None:
             n = p.grad.numel()
             p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
-        stretcher.run(optimizer.step)
+        stretcher.run(optimizer.step, key="update")
         done = step + 1
         if rank == 0:
             with open(config["progress_path"], "a") as f:

@@ -10,11 +10,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-FAST_HEALTH_CHECKS = {
-    "RAY_health_check_period_ms": "500",
-    "RAY_health_check_failure_threshold": "3",
-    "RAY_health_check_timeout_ms": "500",
-}
+from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS
 
 
 @contextmanager

@@ -63,7 +63,7 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any]:
         started = time.perf_counter()
         x, y = dataset.batch(step, gbs, rank * local, local)
         optimizer.zero_grad(set_to_none=False)
-        stretcher.run(lambda x=x, y=y: fwd_bwd(x, y))
+        stretcher.run(lambda x=x, y=y: fwd_bwd(x, y), key="forward+backward")
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         dist.all_reduce(flat)
         flat /= world
@@ -72,7 +72,7 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any]:
             n = p.grad.numel()
             p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
-        stretcher.run(optimizer.step)
+        stretcher.run(optimizer.step, key="update")
         times.append(time.perf_counter() - started)
     measured = times[config["warmup_steps"] :]
     # Every worker waits for the slowest in the all-reduce, so all report about the same mean.

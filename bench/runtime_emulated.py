@@ -58,15 +58,24 @@ MICROBATCHES = [2, 4, 8]
 # A 4x speed gap. Both types are stretched (speeds relative to the host CPU) so that four workers
 # leave CPU time to spare on a small machine: 2 x 1/2 + 2 x 1/8 = 1.25 cores busy at most.
 FAST, SLOW = ("A100-80", 0.5), ("T4", 0.125)
+NUM_FAST, NUM_SLOW = 2, 2
 REFERENCE_SPEED = 1.0  # the host CPU (orchestrator.runtime.discovery.emulated_reference_speed)
 
 
-def configure(global_batch: int, blocks: int, fast_speed: float, slow_speed: float) -> None:
-    """Set the workload and the emulated speeds (module globals the functions below read)."""
-    global GLOBAL_BATCH, SHAPE, FAST, SLOW
+def configure(
+    global_batch: int,
+    blocks: int,
+    fast_speed: float,
+    slow_speed: float,
+    num_fast: int = NUM_FAST,
+    num_slow: int = NUM_SLOW,
+) -> None:
+    """Set the workload, the emulated speeds and the node counts (module globals used below)."""
+    global GLOBAL_BATCH, SHAPE, FAST, SLOW, NUM_FAST, NUM_SLOW
     GLOBAL_BATCH = global_batch
     SHAPE = SHAPE.model_copy(update={"num_layers": blocks})
     FAST, SLOW = (FAST[0], fast_speed), (SLOW[0], slow_speed)
+    NUM_FAST, NUM_SLOW = num_fast, num_slow
 
 
 def bench_job() -> WorkerJob:
@@ -150,8 +159,11 @@ def rounds_of(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, fl
 
 
 def heterogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[str, float]:
-    print(f"heterogeneous (emulated): 2 x {FAST[0]} @{FAST[1]} + 2 x {SLOW[0]} @{SLOW[1]}")
-    with emulated_cluster([(FAST[0], FAST[1], 2), (SLOW[0], SLOW[1], 2)]):
+    print(
+        f"heterogeneous (emulated): {NUM_FAST} x {FAST[0]} @{FAST[1]}"
+        f" + {NUM_SLOW} x {SLOW[0]} @{SLOW[1]}"
+    )
+    with emulated_cluster([(FAST[0], FAST[1], NUM_FAST), (SLOW[0], SLOW[1], NUM_SLOW)]):
         result, _ = plan_with_profiles(job, work)
         plan = result.plan  # type: ignore[attr-defined]
         baseline = result.baselines["fastest_type_only"]  # type: ignore[attr-defined]
@@ -166,7 +178,9 @@ def heterogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[s
                 "ours, planned": lambda: measure_ours(job, plan, steps),
                 "ours, fastest-only": lambda: measure_ours(job, baseline.plan, steps),
                 "TorchTrainer, uniform": lambda: (
-                    run_torchtrainer(job, GLOBAL_BATCH, 4, REFERENCE_SPEED, steps).step_time_s
+                    run_torchtrainer(
+                        job, GLOBAL_BATCH, NUM_FAST + NUM_SLOW, REFERENCE_SPEED, steps
+                    ).step_time_s
                 ),
             },
             rounds,
@@ -226,8 +240,15 @@ def main() -> None:
         default=f"{FAST[1]},{SLOW[1]}",
         help="emulated speeds of the fast and the slow type, relative to the host CPU",
     )
+    parser.add_argument(
+        "--nodes",
+        default=f"{NUM_FAST},{NUM_SLOW}",
+        help="how many fast and how many slow one-CPU nodes (heterogeneous cluster)",
+    )
     args = parser.parse_args()
-    configure(args.global_batch, args.blocks, *(float(x) for x in args.speeds.split(",")))
+    fast_speed, slow_speed = (float(x) for x in args.speeds.split(","))
+    num_fast, num_slow = (int(x) for x in args.nodes.split(","))
+    configure(args.global_batch, args.blocks, fast_speed, slow_speed, num_fast, num_slow)
     job = bench_job()
     print(f"load average at start: {load_average()} on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:

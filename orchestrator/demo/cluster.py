@@ -17,18 +17,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.runtime.labels import DEVICE_TYPE_LABEL, EMULATED_SPEED_LABEL
-
-# platform-facts: a crashed node is declared dead after ~1.4 s with these (15 s by default).
-FAST_HEALTH_CHECKS: Mapping[str, str] = {
-    "RAY_health_check_period_ms": "500",
-    "RAY_health_check_failure_threshold": "3",
-    "RAY_health_check_timeout_ms": "500",
-}
+from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS, crash_node
 
 # Each node's object store; Ray's default (30% of RAM per node) would reserve far too much.
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
@@ -102,7 +96,7 @@ class LocalCluster:
     def crash(self, node: ClusterNode) -> float:
         """SIGKILL every process of ``node`` (as a machine failure would); returns the wall time."""
         crashed_at_s = time.time()
-        self._cluster.remove_node(node.handle, allow_graceful=False)
+        crash_node(self._cluster, node.handle)
         node.alive = False
         return crashed_at_s
 

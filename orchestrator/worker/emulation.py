@@ -14,7 +14,7 @@ Pure (no torch), so the Ray side can compute factors in the driver.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import TypeVar
 
 from orchestrator.errors import SpecError
@@ -57,13 +57,21 @@ def slowdown_factor(node_speed: float | None, fastest_speed: float, gpu_present:
 
 
 class Stretcher:
-    """Runs a callable and makes it last ``factor x`` the CPU time it needed.
+    """Runs a callable and makes it last ``factor x`` its reference CPU time.
 
     The emulated device's time is the factor times the *CPU time* of the work (on this thread,
     where torch runs CPU ops with one intra-op thread), not its wall time: other processes that
     share the host's cores (other emulated devices, Ray's daemons) then do not slow an emulated
-    device down, so each behaves like a machine of its own, as long as the host has the cores for
-    the CPU time every emulated device needs.
+    device down, so each behaves like a machine of its own.
+
+    CPU time alone is not enough on a small host: two busy threads on sibling hardware threads
+    (or sharing caches) each spend more CPU time on the same work, and the stretch would multiply
+    that. So work that repeats (the same forward, backward or update at the same size) is given a
+    ``key``, and its reference CPU time is the least CPU time seen for that key: the cost of the
+    work on an idle core. The emulated device then takes ``factor x`` that, exactly, each time,
+    whatever the host does, as a real device would. When the host is so busy that the work's wall
+    time exceeds the emulated time, the wall time counts (the host is the bottleneck, and the
+    step times say so).
     """
 
     def __init__(self, factor: float = 1.0) -> None:
@@ -75,13 +83,23 @@ class Stretcher:
             )
         self.factor = factor
         self.compute_s = 0.0  # measured compute plus the emulated stretch
+        self._reference_cpu_s: dict[Hashable, float] = {}
 
     @property
     def emulated(self) -> bool:
         return self.factor != 1.0
 
-    def run(self, fn: Callable[[], T], sync: Callable[[], None] | None = None) -> T:
-        """Call ``fn``; ``sync`` (e.g. a CUDA synchronize) runs before the clock stops."""
+    def run(
+        self,
+        fn: Callable[[], T],
+        sync: Callable[[], None] | None = None,
+        key: Hashable | None = None,
+    ) -> T:
+        """Call ``fn``; ``sync`` (e.g. a CUDA synchronize) runs before the clock stops.
+
+        ``key`` names repeating work (e.g. ``("forward", 8)``): its reference CPU time is the
+        least seen so far for the key. Without a key, this call's own CPU time is stretched.
+        """
         start = time.perf_counter()
         cpu_start = time.thread_time()
         result = fn()
@@ -91,11 +109,20 @@ class Stretcher:
         if self.factor == 1.0:  # real speed: what the clock saw
             self.compute_s += wall_s
             return result
-        emulated_s = self.factor * (time.thread_time() - cpu_start)
+        cpu_s = time.thread_time() - cpu_start
+        if key is not None:
+            cpu_s = min(cpu_s, self._reference_cpu_s.get(key, cpu_s))
+            self._reference_cpu_s[key] = cpu_s
+        emulated_s = self.factor * cpu_s
         if emulated_s > wall_s:
             time.sleep(emulated_s - wall_s)
         self.compute_s += max(emulated_s, wall_s)
         return result
 
+    def reference_cpu_s(self, key: Hashable) -> float | None:
+        """The least CPU time seen for ``key`` (None before its first run)."""
+        return self._reference_cpu_s.get(key)
+
     def reset(self) -> None:
+        """Start a new step's compute total (the reference times are kept)."""
         self.compute_s = 0.0

@@ -176,7 +176,7 @@ class StageEngine:
 
     def apply_update(self) -> None:
         """The optimizer step of every layer this rank holds (stretched when emulated)."""
-        self.stretcher.run(self._update, self._sync)
+        self.stretcher.run(self._update, self._sync, key="update")
 
     def step_result(self, step: int, loss: float | None, start_s: float) -> StepResult:
         return StepResult(

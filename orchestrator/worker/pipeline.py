@@ -94,17 +94,19 @@ class PipelineRunner:
                 out = self.model.loss(out, target_chunks[mb]) * weight
             return out
 
-        output = self.stretcher.run(compute, self._sync)
+        output = self.stretcher.run(compute, self._sync, key=("forward", size))
         if not self.spec.is_last_stage:
             self._send(output.detach(), self.spec.next_rank)
         return _InFlight(input=received, output=output)
 
     def _backward(self, state: _InFlight, size: int) -> None:
         if self.spec.is_last_stage:
-            self.stretcher.run(state.output.backward, self._sync)
+            self.stretcher.run(state.output.backward, self._sync, key=("backward", size))
         else:
             grad = self._recv(self.spec.next_rank, size)
-            self.stretcher.run(lambda: state.output.backward(grad), self._sync)
+            self.stretcher.run(
+                lambda: state.output.backward(grad), self._sync, key=("backward", size)
+            )
         if state.input is not None:
             assert state.input.grad is not None, "stage input received no gradient"
             self._send(state.input.grad, self.spec.prev_rank)

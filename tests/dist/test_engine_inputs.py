@@ -75,6 +75,25 @@ def test_stretcher_stretches_cpu_time() -> None:
     assert wall_s >= 3.0 * 0.02
 
 
+def test_stretcher_stretches_the_least_cpu_time_seen_for_repeating_work() -> None:
+    # A busy host inflates the CPU time of the same work; the reference is the least seen.
+    stretcher = Stretcher(10.0)
+    stretcher.run(lambda: _busy(0.03), key=("forward", 8))
+    first = stretcher.reference_cpu_s(("forward", 8))
+    assert first is not None and 0.03 <= first < 0.06
+    stretcher.run(lambda: _busy(0.01), key=("forward", 8))
+    second = stretcher.reference_cpu_s(("forward", 8))
+    assert second is not None and 0.01 <= second < 0.03
+    # More CPU time later does not raise it; another key has its own reference.
+    stretcher.run(lambda: _busy(0.02), key=("forward", 8))
+    assert stretcher.reference_cpu_s(("forward", 8)) == second
+    assert stretcher.reference_cpu_s(("backward", 8)) is None
+    # The reference survives a new step's reset.
+    stretcher.reset()
+    assert stretcher.compute_s == 0.0
+    assert stretcher.reference_cpu_s(("forward", 8)) == second
+
+
 def test_stretcher_ignores_time_the_host_spent_elsewhere() -> None:
     import time
 

@@ -20,13 +20,9 @@ from typing import Any
 from orchestrator.control.callbacks import ControllerCallback
 from orchestrator.runtime.elastic.session import ElasticJob, build_session
 from orchestrator.runtime.jobs import worker_job
+from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS, crash_node
 from orchestrator.spec.job import JobSpec
 
-FAST_HEALTH_CHECKS = {
-    "RAY_health_check_period_ms": "500",
-    "RAY_health_check_failure_threshold": "3",
-    "RAY_health_check_timeout_ms": "500",
-}
 FAST = {"orchestrator.io/device-type": "A100-40", "orchestrator.io/emulated-speed": "1.0"}
 SLOW = {"orchestrator.io/device-type": "V100-16", "orchestrator.io/emulated-speed": "0.5"}
 
@@ -124,7 +120,7 @@ def run_elastic_on_ray(
                 if not crashed and controller.next_step >= crash_after_step:
                     victim = _busiest_node(nodes, session.workers.placement())
                     if victim is not None:
-                        cluster.remove_node(nodes.pop(victim), allow_graceful=False)
+                        crash_node(cluster, nodes.pop(victim))
                         crashed = True
                 if time.monotonic() - started > limit_s:
                     raise AssertionError(f"run not done after {limit_s:.0f} s")

@@ -16,11 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-FAST_HEALTH_CHECKS = {
-    "RAY_health_check_period_ms": "500",
-    "RAY_health_check_failure_threshold": "3",
-    "RAY_health_check_timeout_ms": "500",
-}
+from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS
 
 A100_LABELS = {"orchestrator.io/device-type": "A100-80", "orchestrator.io/emulated-speed": "1.0"}
 L4_LABELS = {"ray.io/accelerator-type": "L4", "orchestrator.io/emulated-speed": "0.5"}

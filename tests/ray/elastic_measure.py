@@ -18,13 +18,10 @@ import sys
 import time
 from pathlib import Path
 
+from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS, crash_node
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-FAST_HEALTH_CHECKS = {
-    "RAY_health_check_period_ms": "500",
-    "RAY_health_check_failure_threshold": "3",
-    "RAY_health_check_timeout_ms": "500",
-}
 
 
 def main() -> None:
@@ -75,7 +72,7 @@ def main() -> None:
 
         def kill() -> None:
             marks["kill"] = time.time()
-            cluster.remove_node(nodes[0], allow_graceful=False)
+            crash_node(cluster, nodes[0])
 
         def join() -> None:
             add_pool_node(cluster, pool)

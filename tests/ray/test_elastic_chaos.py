@@ -27,6 +27,7 @@ from elastic_helpers import (
 
 from orchestrator.runtime.elastic.checkpoints import DirCheckpointStore
 from orchestrator.runtime.elastic.controller_actor import start_controller
+from orchestrator.runtime.local_nodes import crash_node
 
 STEPS = 16
 INTERVAL = 3
@@ -60,7 +61,7 @@ def test_random_kills_and_joins_keep_every_committed_step(ray_cluster, tmp_path:
             for at in [s for s in schedule if steps_seen >= s]:
                 if schedule.pop(at) == "kill" and len(alive) > 1:
                     victim = alive.pop(rng.randrange(len(alive)))
-                    ray_cluster.remove_node(victim, allow_graceful=False)
+                    crash_node(ray_cluster, victim)
                 else:
                     node = add_pool_node(ray_cluster, pool)
                     alive.append(node)

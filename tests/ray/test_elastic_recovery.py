@@ -2,7 +2,7 @@
 
 One run on a pool of three one-GPU nodes (fake GPUs, emulated speed), every layer replicated on
 every device (``ReplicaPerDevice``), the controller stepped in this process with the real Ray
-ports: after step 4 a node is SIGKILLed (``remove_node(allow_graceful=False)``); after step 8
+ports: after step 4 a node is SIGKILLed (``crash_node``: the raylet and its workers); after step 8
 another gets a preemption notice through Ray's drain API; after step 12 a new node joins. The
 step counter never goes back, no step is lost, and the final parameters and every loss equal
 uninterrupted single-process training on the same data order.
@@ -27,6 +27,7 @@ from elastic_helpers import (
 
 from orchestrator.control.events import EventKind
 from orchestrator.runtime.elastic.session import build_session
+from orchestrator.runtime.local_nodes import crash_node
 
 STEPS = 18
 
@@ -46,7 +47,7 @@ def test_kill_drain_and_join_lose_no_step(ray_cluster) -> None:
     joined: list = []
 
     def kill() -> None:
-        ray_cluster.remove_node(nodes[0], allow_graceful=False)
+        crash_node(ray_cluster, nodes[0])
 
     def preempt() -> None:
         drain(ray_cluster, drained, time.time() + 120.0)

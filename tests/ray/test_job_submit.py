@@ -13,13 +13,10 @@ from pathlib import Path
 import pytest
 from ray_head import ray_head, snapshot_repo
 
+from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS
+
 REPO = Path(__file__).resolve().parents[2]
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss ([0-9.]+) ", re.MULTILINE)
-FAST_HEALTH_CHECKS = {
-    "RAY_health_check_period_ms": "500",
-    "RAY_health_check_failure_threshold": "3",
-    "RAY_health_check_timeout_ms": "500",
-}
 
 
 def submit(head_url: str, env: dict[str, str], cwd: Path, job: str) -> str:
