@@ -1,22 +1,23 @@
 """Our runtime against Ray Train's TorchTrainer on emulated clusters (figures in one run).
 
-Heterogeneous: 2 fast (A100-80, emulated speed 0.5) + 2 slow (T4, emulated speed 0.125)
-one-CPU Ray nodes: a 4x gap. The model is profiled on both types with ``orchestrator profile``'s
-machinery (one actor per type, times stretched by the emulated speed), the planner plans with
-those profiles, and then, on the same nodes:
+Heterogeneous: fast (A100-80) and slow (T4) one-CPU Ray nodes with a 4x speed gap; by default
+2 fast at emulated speed 0.25 + 4 slow at 0.0625 (``--nodes 2,2`` for two of each). The model is
+profiled on both types with ``orchestrator profile``'s machinery (one actor per type, times
+stretched by the emulated speed), the planner plans with those profiles, and then, on the same
+nodes:
 
 - our runtime runs the planner's plan;
 - our runtime runs the planner's fastest-type-only plan;
 - TorchTrainer runs uniform data parallel (equal batch per worker, slow workers stretched alike).
 
-Homogeneous: 4 A100-80 nodes at speed 0.5; our planned plan against TorchTrainer.
+Homogeneous: 4 A100-80 nodes at the fast speed; our planned plan against TorchTrainer.
 
 Ratios printed: throughput ours / TorchTrainer (target >= 1.5), ours / fastest-only (>= 1.2),
 measured / predicted step time (within 15%), homogeneous step time ours / TorchTrainer (<= 1.05).
 Everything here is emulated on CPUs. Nothing passes or fails; the figures go to
 docs/benchmarks.md.
 
-Run: .venv/bin/python bench/runtime_emulated.py [--steps 15] [--rounds 2]
+Run: .venv/bin/python bench/runtime_emulated.py [--steps 8] [--rounds 2] [--nodes 2,4]
 """
 
 from __future__ import annotations
@@ -46,19 +47,19 @@ from orchestrator.spec.profiles import ProfileSet
 
 SHAPE = ModelSpec(
     name="gpt-bench",
-    num_layers=4,
+    num_layers=8,
     hidden_size=128,
     num_heads=4,
     sequence_length=64,
     vocab_size=256,
     dtype="fp32",
 )
-GLOBAL_BATCH = 64
-MICROBATCHES = [2, 4, 8]
-# A 4x speed gap. Both types are stretched (speeds relative to the host CPU) so that four workers
-# leave CPU time to spare on a small machine: 2 x 1/2 + 2 x 1/8 = 1.25 cores busy at most.
-FAST, SLOW = ("A100-80", 0.5), ("T4", 0.125)
-NUM_FAST, NUM_SLOW = 2, 2
+GLOBAL_BATCH = 240  # divisible by 6 workers (TorchTrainer) and every microbatch size
+MICROBATCHES = [4, 8, 16]
+# A 4x speed gap. Both types are stretched (speeds relative to the host CPU) so that six workers
+# leave CPU time to spare on a small machine: 2 x 1/4 + 4 x 1/16 = 0.75 cores busy at most.
+FAST, SLOW = ("A100-80", 0.25), ("T4", 0.0625)
+NUM_FAST, NUM_SLOW = 2, 4
 REFERENCE_SPEED = 1.0  # the host CPU (orchestrator.runtime.discovery.emulated_reference_speed)
 
 
@@ -230,9 +231,15 @@ def homogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-homogeneous", action="store_true")
+    parser.add_argument("--skip-heterogeneous", action="store_true")
+    parser.add_argument(
+        "--microbatches",
+        default=",".join(str(m) for m in MICROBATCHES),
+        help="candidate microbatch sizes the planner chooses from",
+    )
     parser.add_argument("--global-batch", type=int, default=GLOBAL_BATCH)
     parser.add_argument("--blocks", type=int, default=SHAPE.num_layers, help="transformer blocks")
     parser.add_argument(
@@ -249,11 +256,13 @@ def main() -> None:
     fast_speed, slow_speed = (float(x) for x in args.speeds.split(","))
     num_fast, num_slow = (int(x) for x in args.nodes.split(","))
     configure(args.global_batch, args.blocks, fast_speed, slow_speed, num_fast, num_slow)
+    MICROBATCHES[:] = [int(m) for m in args.microbatches.split(",")]
     job = bench_job()
     print(f"load average at start: {load_average()} on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        heterogeneous(job, args.steps, args.rounds, work)
+        if not args.skip_heterogeneous:
+            heterogeneous(job, args.steps, args.rounds, work)
         if not args.skip_homogeneous:
             homogeneous(job, args.steps, args.rounds, work)
 
