@@ -68,12 +68,14 @@ def configure(
     blocks: int,
     fast_speed: float,
     slow_speed: float,
-    num_fast: int = NUM_FAST,
-    num_slow: int = NUM_SLOW,
+    num_fast: int,
+    num_slow: int,
+    microbatches: list[int],
 ) -> None:
     """Set the workload, the emulated speeds and the node counts (module globals used below)."""
-    global GLOBAL_BATCH, SHAPE, FAST, SLOW, NUM_FAST, NUM_SLOW
+    global GLOBAL_BATCH, SHAPE, FAST, SLOW, NUM_FAST, NUM_SLOW, MICROBATCHES
     GLOBAL_BATCH = global_batch
+    MICROBATCHES = microbatches
     SHAPE = SHAPE.model_copy(update={"num_layers": blocks})
     FAST, SLOW = (FAST[0], fast_speed), (SLOW[0], slow_speed)
     NUM_FAST, NUM_SLOW = num_fast, num_slow
@@ -255,8 +257,10 @@ def main() -> None:
     args = parser.parse_args()
     fast_speed, slow_speed = (float(x) for x in args.speeds.split(","))
     num_fast, num_slow = (int(x) for x in args.nodes.split(","))
-    configure(args.global_batch, args.blocks, fast_speed, slow_speed, num_fast, num_slow)
-    MICROBATCHES[:] = [int(m) for m in args.microbatches.split(",")]
+    microbatches = [int(m) for m in args.microbatches.split(",")]
+    configure(
+        args.global_batch, args.blocks, fast_speed, slow_speed, num_fast, num_slow, microbatches
+    )
     job = bench_job()
     print(f"load average at start: {load_average()} on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,11 +28,6 @@ FAST_HEALTH_CHECKS: Mapping[str, str] = {
 }
 
 
-def use_fast_health_checks() -> None:
-    """Set the health-check variables for Ray processes started by this process from now on."""
-    os.environ.update(FAST_HEALTH_CHECKS)
-
-
 def _parent_pids(proc: Path = Path("/proc")) -> dict[int, int]:
     """pid -> parent pid of every process visible in ``/proc``."""
     parents: dict[int, int] = {}

@@ -99,9 +99,12 @@ def _profile_layer(
     is_last = index == model.num_planner_layers - 1
     optimizer = make_optimizer(request.optimizer, layer.parameters(), 1e-6)
     sync = _sync_fn(inputs.device)
-    # Emulated: CPU time of this thread, as the emulated run stretches it (worker/emulation.py),
-    # so profiles agree with runs whatever else shares the host; real devices: the wall clock.
-    clock = time.thread_time if request.slowdown_factor != 1.0 else time.perf_counter
+    # Emulated: the least CPU time of this thread over the repeats, as the emulated run stretches
+    # it (worker/emulation.py), so profiles agree with runs whatever else shares the host. Real
+    # devices: the median of the wall clock.
+    emulated = request.slowdown_factor != 1.0
+    clock = time.thread_time if emulated else time.perf_counter
+    pick = min if emulated else statistics.median
     forward_s, backward_s, update_s = [], [], []
     saved_bytes = 0
     for run in range(request.warmup + request.repeats):
@@ -130,9 +133,6 @@ def _profile_layer(
             update_s.append(done - end)
             saved_bytes = max(saved_bytes, counter.total_bytes)
     factor = request.slowdown_factor
-    # Emulated runs stretch the least CPU time seen for repeating work (worker/emulation.py);
-    # real devices report the median of what the clock saw.
-    pick = min if request.slowdown_factor != 1.0 else statistics.median
     return LayerTiming(
         forward_s=factor * pick(forward_s),
         backward_s=factor * pick(backward_s),

@@ -74,6 +74,25 @@ def _busiest_node(nodes: dict[str, Any], placement: Mapping[int, str]) -> str | 
     return hosting[-1] if hosting else None
 
 
+def _train_with_one_crash(
+    session: Any, cluster: Any, nodes: dict[str, Any], crash_after_step: int, limit_s: float
+) -> None:
+    """Step the controller to the end; crash a node hosting workers once ``crash_after_step``
+    steps are committed."""
+    controller = session.controller
+    crashed = False
+    started = time.monotonic()
+    while not controller.done:
+        controller.step()
+        if not crashed and controller.next_step >= crash_after_step:
+            victim = _busiest_node(nodes, session.workers.placement())
+            if victim is not None:
+                crash_node(cluster, nodes.pop(victim))
+                crashed = True
+        if time.monotonic() - started > limit_s:
+            raise AssertionError(f"run not done after {limit_s:.0f} s")
+
+
 def run_elastic_on_ray(
     callbacks: Sequence[ControllerCallback],
     workdir: Path,
@@ -111,21 +130,11 @@ def run_elastic_on_ray(
             worker_job=worker_job(job, job_file),
         )
         session = build_session(spec, serve=False, extra_callbacks=callbacks)
-        controller = session.controller
-        crashed = False
-        started = time.monotonic()
         try:
-            while not controller.done:
-                controller.step()
-                if not crashed and controller.next_step >= crash_after_step:
-                    victim = _busiest_node(nodes, session.workers.placement())
-                    if victim is not None:
-                        crash_node(cluster, nodes.pop(victim))
-                        crashed = True
-                if time.monotonic() - started > limit_s:
-                    raise AssertionError(f"run not done after {limit_s:.0f} s")
+            _train_with_one_crash(session, cluster, nodes, crash_after_step, limit_s)
         finally:
             session.workers.stop()
+        controller = session.controller
         return RunSummary(
             str(controller.state.name),
             controller.next_step,
