@@ -51,7 +51,7 @@ class _Follower:
             match = _STEP_LINE.match(line)
             if match:
                 self.rates.append((now_s, int(match["done"]), float(match["rate"])))
-        self.status = dict(self._ray.get(self.actor.status.remote()))
+        self.status = self._ray.get(self.actor.status.remote()).to_json()
         return bool(ready)
 
     @property
@@ -88,17 +88,9 @@ def run_ours(
 
     from orchestrator.runtime.elastic.controller_actor import start_controller
     from orchestrator.runtime.elastic.session import ElasticJob
-    from orchestrator.runtime.jobs import worker_job
-    from orchestrator.spec.job import JobSpec
-    from orchestrator.spec.loading import load_spec
 
-    job = load_spec(JobSpec, job_file)
-    spec = ElasticJob(
-        job_json=job.model_dump_json(),
-        job_file=str(job_file.resolve()),
-        worker_job=worker_job(job, job_file),
-        metrics_port=None,
-    )
+    spec = ElasticJob.from_file(job_file)
+    job = spec.job
     actor = start_controller(spec)
     try:
         follower = _Follower(actor)

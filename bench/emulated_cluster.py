@@ -20,7 +20,7 @@ def emulated_cluster(groups: Sequence[tuple[str, float, int]]) -> Iterator[objec
     import ray
     from ray.cluster_utils import Cluster
 
-    from orchestrator.runtime.labels import DEVICE_TYPE_LABEL, EMULATED_SPEED_LABEL
+    from orchestrator.spec.labels import DEVICE_TYPE_LABEL, EMULATED_SPEED_LABEL
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     for device_type, speed, count in groups:

@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from operators.hetero.devices import GPU_PRODUCT_LABEL, GPU_RESOURCE, device_type_for_product
-from operators.hetero.render import ACCELERATOR_LABEL, DEVICE_TYPE_LABEL
+from orchestrator.spec.labels import ACCELERATOR_LABEL, DEVICE_TYPE_LABEL
 
 CORDON_TAINT = "node.kubernetes.io/unschedulable"
 

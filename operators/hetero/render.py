@@ -16,11 +16,8 @@ import yaml
 from operators.hetero import GROUP, KIND, VERSION
 from operators.hetero.devices import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from operators.hetero.spec import JobSpec, PoolSpec
+from orchestrator.spec.labels import ACCELERATOR_LABEL, DEVICE_TYPE_LABEL, JOB_LABEL, POOL_LABEL
 
-DEVICE_TYPE_LABEL = "orchestrator.io/device-type"
-ACCELERATOR_LABEL = "ray.io/accelerator-type"
-JOB_LABEL = "orchestrator.io/job"
-POOL_LABEL = "orchestrator.io/pool"
 JOB_FILE_DIR = "/etc/orchestrator"
 JOB_FILE = f"{JOB_FILE_DIR}/job.yaml"
 METRICS_PORT_NAME = "orch-metrics"

@@ -46,13 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"orchestrator {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # a command module not written yet; the others still work
-                continue
-            raise
-        module.register(sub)
+        # Every command module must import: a broken one fails the command loudly rather than
+        # vanishing from `--help`.
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -45,10 +45,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(
             "no output directory", field="--out", fix="pass --out DIR or set profiles: in the job"
         )
-    from orchestrator.runtime.discovery import discover_nodes
+    from orchestrator.runtime.discovery import connect, discover_nodes
     from orchestrator.runtime.jobs import worker_job
     from orchestrator.runtime.profiling import profile_device_types
-    from orchestrator.runtime.run import connect
     from orchestrator.runtime.validation import validate_model
 
     wjob = worker_job(job, args.job)

@@ -1,8 +1,8 @@
 """``orchestrator run JOB.yaml``: train a job on the current Ray cluster.
 
-With the job's plan file (or ``--plan``) the plan is fixed; without one the run is elastic: a
-controller actor plans for the live cluster and re-plans when nodes join, fail or drain.
-Every check that needs no actor runs first; a mistake is one line and exit code 2.
+One path for every job: a controller actor plans for the live cluster (or, with the job's plan
+file or ``--plan``, keeps that plan), trains, checkpoints, and handles nodes that join, fail or
+drain. Every check that needs no actor runs first; a mistake is one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -10,16 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
-
-from orchestrator.spec.job import JobSpec
-from orchestrator.spec.loading import load_spec
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "run",
-        help="train a job (JOB.yaml) on Ray, elastically unless its plan is fixed",
+        help="train a job (JOB.yaml) on Ray; re-plans on changes unless its plan is fixed",
         description="Train the job described in JOB.yaml (docs/job.md) on a Ray cluster.",
     )
     parser.add_argument("job", type=Path, help="job spec (YAML or JSON)")
@@ -33,53 +29,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.errors import UserError
+    from orchestrator.runtime.elastic.controller_actor import RunFailedError, run_elastic
+    from orchestrator.runtime.elastic.session import JOB_METRICS_PORT, ElasticJob
 
-    job = load_spec(JobSpec, args.job)
-    if args.address:
-        job = job.model_copy(
-            update={"cluster": job.cluster.model_copy(update={"address": args.address})}
-        )
-    if args.steps is not None and args.steps < 1:
-        raise UserError(f"--steps {args.steps} must be >= 1", field="--steps", fix="pass 1 or more")
-    port = args.metrics_port if args.metrics_port is not None else job.metrics.port
-    from orchestrator.runtime.run import run_job
+    spec = ElasticJob.from_file(
+        args.job,
+        address=args.address,
+        plan_file=args.plan,
+        steps=args.steps,
+        metrics_port=args.metrics_port if args.metrics_port is not None else JOB_METRICS_PORT,
+    )
 
     def out(line: str) -> None:
         print(line, flush=True)
 
-    if args.plan is None and job.plan is None:  # elastic: the controller serves its metrics
-        from orchestrator.runtime.elastic.controller_actor import RunFailedError
-
-        try:
-            run_job(job, args.job, steps=args.steps, out=out, metrics_port=port)
-        except RunFailedError as exc:
-            print(f"orchestrator run: {exc}", file=sys.stderr, flush=True)
-            return 1
-        return 0
-    server, callbacks = _telemetry(job, port)
     try:
-        run_job(job, args.job, plan_file=args.plan, steps=args.steps, callbacks=callbacks, out=out)
-    finally:
-        if server is not None:
-            server.stop()
+        run_elastic(spec, out)
+    except RunFailedError as exc:
+        print(f"orchestrator run: {exc}", file=sys.stderr, flush=True)
+        return 1
     return 0
-
-
-def _telemetry(job: JobSpec, port: int | None) -> tuple[Any, list[Any]]:
-    """Start the Prometheus endpoint when a port is set; a failure to start is only a warning."""
-    if port is None:
-        return None, []
-    from orchestrator.errors import UserError
-    from orchestrator.telemetry.metrics import PrometheusCallback
-    from orchestrator.telemetry.server import TelemetryServer
-
-    callback = PrometheusCallback(job.name)
-    server = TelemetryServer(callback.registry, host=job.metrics.host, port=port)
-    try:
-        server.start()
-    except UserError as exc:
-        print(f"warning: metrics not served: {exc}", file=sys.stderr, flush=True)
-        return None, [callback]
-    print(f"metrics: {server.url}/metrics", flush=True)
-    return server, [callback]

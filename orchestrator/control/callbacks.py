@@ -6,8 +6,9 @@ controller wraps each call so that a broken exporter never fails a training run.
 
 from __future__ import annotations
 
-from orchestrator.control.events import ControllerStateName, RunEvent, StepReport
+from orchestrator.control.events import ControllerStateName, RunEvent
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StepReport
 
 
 class ControllerCallback:

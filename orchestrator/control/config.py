@@ -1,55 +1,14 @@
-"""Controller settings: the job spec's ``elasticity`` section and the config built from it."""
+"""Controller settings: the config built from the job spec's ``elasticity`` section."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
-
 from orchestrator.errors import SpecError
 from orchestrator.policies.failure import FailurePolicy
 from orchestrator.policies.preemption import PreemptionPolicy
 from orchestrator.policies.replan import ReplanPolicy
-
-
-class ElasticitySpec(BaseModel):
-    """What a user writes under ``elasticity:`` in a job file (see docs/controller.md)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    min_devices: PositiveInt = 1
-    max_failures: NonNegativeInt = 5
-    initial_backoff_s: NonNegativeFloat = 1.0
-    backoff_multiplier: float = Field(default=2.0, ge=1.0)
-    max_backoff_s: NonNegativeFloat = 30.0
-    # The gain over the remaining steps must exceed this many times the measured switch cost.
-    switch_threshold: NonNegativeFloat = 1.0
-    # Used until the first switch (or the first launch) has been measured.
-    initial_switch_cost_s: NonNegativeFloat = 10.0
-    poll_interval_s: float = Field(default=1.0, gt=0)
-    discovery_timeout_s: float = Field(default=300.0, gt=0)
-    straggler_threshold: float = Field(default=1.3, gt=1.0)
-    straggler_window_steps: PositiveInt = 5
-
-    def to_config(self, *, total_steps: int, checkpoint_interval_steps: int) -> ControllerConfig:
-        """The controller's config for a run of ``total_steps`` steps."""
-        return ControllerConfig(
-            total_steps=total_steps,
-            checkpoint_interval_steps=checkpoint_interval_steps,
-            min_devices=self.min_devices,
-            poll_interval_s=self.poll_interval_s,
-            discovery_timeout_s=self.discovery_timeout_s,
-            initial_switch_cost_s=self.initial_switch_cost_s,
-            straggler_threshold=self.straggler_threshold,
-            straggler_window_steps=self.straggler_window_steps,
-            failure=FailurePolicy(
-                max_failures=self.max_failures,
-                initial_backoff_s=self.initial_backoff_s,
-                backoff_multiplier=self.backoff_multiplier,
-                max_backoff_s=self.max_backoff_s,
-            ),
-            replan=ReplanPolicy(switch_threshold=self.switch_threshold),
-        )
+from orchestrator.spec.elasticity import ElasticitySpec
 
 
 @dataclass(frozen=True)
@@ -70,6 +29,29 @@ class ControllerConfig:
     failure: FailurePolicy = field(default_factory=FailurePolicy)
     replan: ReplanPolicy = field(default_factory=ReplanPolicy)
     preemption: PreemptionPolicy = field(default_factory=PreemptionPolicy)
+
+    @classmethod
+    def from_spec(
+        cls, spec: ElasticitySpec, *, total_steps: int, checkpoint_interval_steps: int
+    ) -> ControllerConfig:
+        """The controller's config for a run of ``total_steps`` steps with ``spec``'s settings."""
+        return cls(
+            total_steps=total_steps,
+            checkpoint_interval_steps=checkpoint_interval_steps,
+            min_devices=spec.min_devices,
+            poll_interval_s=spec.poll_interval_s,
+            discovery_timeout_s=spec.discovery_timeout_s,
+            initial_switch_cost_s=spec.initial_switch_cost_s,
+            straggler_threshold=spec.straggler_threshold,
+            straggler_window_steps=spec.straggler_window_steps,
+            failure=FailurePolicy(
+                max_failures=spec.max_failures,
+                initial_backoff_s=spec.initial_backoff_s,
+                backoff_multiplier=spec.backoff_multiplier,
+                max_backoff_s=spec.max_backoff_s,
+            ),
+            replan=ReplanPolicy(switch_threshold=spec.switch_threshold),
+        )
 
     def __post_init__(self) -> None:
         if self.total_steps < 0:

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from orchestrator.control import running, starting
 from orchestrator.control.callbacks import ControllerCallback
 from orchestrator.control.config import ControllerConfig
-from orchestrator.control.events import EventKind, RunEvent, StepReport
+from orchestrator.control.events import EventKind, RunEvent
 from orchestrator.control.journal import Journal
 from orchestrator.control.measure import PlanMeasurements, SwitchCostMeter
 from orchestrator.control.ports import (
@@ -59,7 +59,6 @@ from orchestrator.control.recovery import (
     RestoreSource,
     lowest_holders,
 )
-from orchestrator.control.snapshot import ClusterSnapshot, SnapshotDiff, diff_snapshots
 from orchestrator.control.states import (
     ControllerState,
     DiscoveringState,
@@ -74,6 +73,8 @@ from orchestrator.control.states import (
 from orchestrator.errors import TransientError
 from orchestrator.policies.failure import GiveUp
 from orchestrator.policies.straggler import StragglerDetector
+from orchestrator.spec.reports import StepReport
+from orchestrator.spec.snapshot import ClusterSnapshot, SnapshotDiff, diff_snapshots
 
 
 class Controller:

@@ -1,7 +1,8 @@
-"""Data the controller produces: step reports, run events, state names.
+"""Data the controller produces: run events and state names.
 
-These plain dataclasses flow from the worker group to the controller and from the controller to
-callbacks (metrics, logs, status). No framework imports: telemetry and tests read them as they are.
+These plain values flow from the controller to callbacks (metrics, logs, status). No framework
+imports: telemetry and tests read them as they are. Step reports, which the worker group
+produces, are nouns of ``orchestrator/spec/reports.py``.
 """
 
 from __future__ import annotations
@@ -25,32 +26,6 @@ class ControllerStateName(StrEnum):
     @property
     def is_terminal(self) -> bool:
         return self in (ControllerStateName.FINISHED, ControllerStateName.FAILED)
-
-
-@dataclass(frozen=True)
-class StageTiming:
-    """What one stage of one replica measured during one step."""
-
-    replica: int
-    stage: int
-    device_type: str
-    compute_s: float  # forward + backward compute time of this stage during the step
-    step_s: float  # wall time of the whole step on this rank
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """One completed (committed) training step, as the worker group reports it."""
-
-    step: int
-    loss: float
-    step_duration_s: float
-    samples: int
-    stage_timings: tuple[StageTiming, ...] = ()
-
-    @property
-    def throughput_samples_per_s(self) -> float:
-        return self.samples / self.step_duration_s if self.step_duration_s > 0 else 0.0
 
 
 class EventKind(StrEnum):

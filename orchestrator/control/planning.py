@@ -1,7 +1,11 @@
-"""The controller's :class:`~orchestrator.control.ports.Planner` on top of the real planner.
+"""The controller's :class:`~orchestrator.control.ports.Planner` implementations.
 
 :class:`MakePlanPlanner` turns a cluster snapshot into the planner's
 :class:`~orchestrator.spec.cluster.Cluster` and calls :func:`orchestrator.planner.make_plan`.
+:class:`FixedPlanner` is the planner of a run whose plan is given: it returns that plan whenever it
+fits the usable nodes (so the controller never finds a better one to switch to, and after a
+failure resumes on the same plan once it fits again), and raises
+:class:`~orchestrator.errors.InfeasibleError` while it does not.
 
 Measured slowness (a straggler) reaches the planner as a *derated device type*: a node found
 ``f`` times slower is planned as a copy of its type named ``"<type>~slow<f>"`` whose peak FLOP/s
@@ -15,12 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from orchestrator.control.ports import PlanProposal
-from orchestrator.control.snapshot import ClusterSnapshot
+from orchestrator.errors import InfeasibleError
 from orchestrator.spec.cluster import Cluster, Node
 from orchestrator.spec.devices import DeviceCatalog, DeviceType
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileFile, ProfileSet
+from orchestrator.spec.snapshot import ClusterSnapshot
 
 SLOW_MARK = "~slow"
 
@@ -58,6 +63,64 @@ class MakePlanPlanner:
             bound_step_s=result.bound_step_time_s,
             notes=note,
         )
+
+
+class FixedPlanner:
+    """Always ``plan``, estimated by the cost model on the usable nodes (see the module
+    docstring). Measured slowdowns are ignored: the plan cannot change, and the switch rule is
+    never consulted for a candidate equal to the running plan."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        model: ModelSpec,
+        training: TrainingSpec,
+        profiles: ProfileSet | None = None,
+        *,
+        schedule: str = "1f1b",
+        catalog: DeviceCatalog | None = None,
+    ) -> None:
+        self.plan = plan
+        self.model = model
+        self.training = training
+        self.profiles = profiles
+        self.schedule = schedule
+        self.catalog = catalog or DeviceCatalog.builtin()
+
+    def __call__(
+        self, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
+    ) -> PlanProposal:
+        from orchestrator.costmodel import estimate_plan
+
+        check_fits(self.plan, snapshot)
+        cluster = snapshot.to_cluster(self.catalog)
+        estimate = estimate_plan(
+            self.plan, cluster, self.model, self.training, self.profiles, schedule=self.schedule
+        )
+        # No bound: the fluid bound belongs to a search over plans, and this plan was not searched.
+        return PlanProposal(self.plan, estimate.step_time_s, float("nan"), notes="fixed plan")
+
+
+def check_fits(plan: Plan, snapshot: ClusterSnapshot) -> None:
+    """Raise :class:`InfeasibleError` unless the usable nodes of ``snapshot`` can host ``plan``:
+    enough devices of every type, and every pinned node present with its type."""
+    have = snapshot.devices_by_type()
+    for name, needed in sorted(plan.device_counts().items()):
+        if needed > have.get(name, 0):
+            raise InfeasibleError(
+                f"the fixed plan needs {needed} {name} devices, {have.get(name, 0)} are usable",
+                field="plan",
+                fix="bring the nodes back, or run without a fixed plan to re-plan",
+            )
+    for _, _, stage in plan.ranked_stages():
+        node = snapshot.node(stage.node) if stage.node is not None else None
+        if stage.node is not None and (node is None or node.device_type != stage.device_type):
+            raise InfeasibleError(
+                f"the fixed plan pins a {stage.device_type} stage to node {stage.node}, "
+                "which is not a usable node of that type",
+                field="plan.replicas[].stages[].node",
+                fix="bring the node back, or drop the pin from the plan",
+            )
 
 
 def slow_name(device_type: str, factor: float) -> str:

@@ -12,11 +12,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from orchestrator.control.events import StepReport
 from orchestrator.control.recovery import CheckpointRef, LayerState, RestoreSource
-from orchestrator.control.snapshot import ClusterSnapshot
 from orchestrator.errors import TransientError
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StepReport
+from orchestrator.spec.snapshot import ClusterSnapshot
 
 
 class WorkerLost(TransientError):

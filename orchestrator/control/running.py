@@ -18,7 +18,6 @@ from orchestrator.control.recovery import (
     RestoreSource,
     choose_restore,
 )
-from orchestrator.control.snapshot import ClusterSnapshot, SnapshotDiff
 from orchestrator.control.states import (
     LaunchingState,
     PlanningState,
@@ -31,6 +30,7 @@ from orchestrator.policies.preemption import TreatAsLost
 from orchestrator.policies.replan import ReplanDecision
 from orchestrator.policies.straggler import Straggler, StragglerDetector
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.snapshot import ClusterSnapshot, SnapshotDiff
 
 if TYPE_CHECKING:
     from orchestrator.control.controller import Controller
@@ -47,8 +47,7 @@ def new_detector(config: ControllerConfig, proposal: PlanProposal) -> StragglerD
 
 def stage_ranks(plan: Plan) -> dict[tuple[int, int], int]:
     """(replica, stage) -> rank: replica-major, stage-minor (the worker topology's order)."""
-    keys = [(r, s) for r, rep in enumerate(plan.replicas) for s in range(len(rep.stages))]
-    return {key: rank for rank, key in enumerate(keys)}
+    return {(r, s): rank for rank, (r, s, _) in enumerate(plan.ranked_stages())}
 
 
 # -- RUNNING -----------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.runtime.labels import DEVICE_TYPE_LABEL, EMULATED_SPEED_LABEL
 from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS, crash_node
+from orchestrator.spec.labels import DEVICE_TYPE_LABEL, EMULATED_SPEED_LABEL
 
 # Each node's object store; Ray's default (30% of RAM per node) would reserve far too much.
 OBJECT_STORE_BYTES = 100 * 1024 * 1024

@@ -105,18 +105,10 @@ def _train(
 
     from orchestrator.runtime.elastic.controller_actor import start_controller
     from orchestrator.runtime.elastic.session import ElasticJob
-    from orchestrator.runtime.jobs import worker_job
-    from orchestrator.spec.job import JobSpec
-    from orchestrator.spec.loading import load_spec
     from orchestrator.telemetry.logs import progress
 
-    job = load_spec(JobSpec, job_file)
-    spec = ElasticJob(
-        job_json=job.model_dump_json(),
-        job_file=str(job_file.resolve()),
-        worker_job=worker_job(job, job_file),
-        metrics_port=None,
-    )
+    spec = ElasticJob.from_file(job_file)
+    job = spec.job
     timeline = Timeline(job.training.global_batch_size)
     output.line(f"training {job.model.shape.name} for {scenario.steps} steps (elastic controller)")
     actor = start_controller(spec)
@@ -156,8 +148,8 @@ def _follow(
             if not line.startswith("step "):
                 output.line(line)
         if ready:
-            return dict(ray.get(done_ref))
-        steps = int(ray.get(actor.status.remote())["steps"])
+            return dict(ray.get(done_ref).to_json())
+        steps = ray.get(actor.status.remote()).steps
         timeline.record(time.time(), steps)
         bar.update(completed=steps)
         if not output.is_terminal and steps >= last_printed + 10:

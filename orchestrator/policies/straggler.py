@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.control.events import StageTiming
+from orchestrator.spec.reports import StageTiming
 
 StageKey = tuple[int, int]  # (replica, stage)
 

@@ -3,6 +3,8 @@
 :func:`nodes_from_rows` is pure (it reads the rows ``ray.nodes()`` returns), so its rules are tested
 without Ray; :func:`discover_nodes` calls Ray. :func:`cluster_from_nodes` turns the live nodes into
 the :class:`~orchestrator.spec.cluster.Cluster` the planner and the cost model read.
+:func:`pin_by_node_id` turns the node names a plan file may pin (``<device type>-<index>``) into
+the Ray node ids the controller works with, once, at the edge.
 """
 
 from __future__ import annotations
@@ -11,14 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.errors import SpecError
-from orchestrator.runtime.labels import (
-    ACCELERATOR_LABEL,
-    CPU_DEVICE_TYPE,
-    DEVICE_TYPE_LABEL,
-)
+from orchestrator.errors import SpecError, UserError
 from orchestrator.spec.cluster import Cluster, Node
 from orchestrator.spec.devices import DeviceCatalog
+from orchestrator.spec.labels import CPU_DEVICE_TYPE, DEVICE_TYPE_LABEL, device_type_from_labels
+from orchestrator.spec.plan import Plan
 from orchestrator.worker.emulation import parse_speed
 
 
@@ -48,10 +47,9 @@ class RayNode:
 
 
 def _device_type_of(labels: Mapping[str, str], has_gpus: bool) -> tuple[str, str | None]:
-    if labels.get(DEVICE_TYPE_LABEL):
-        return labels[DEVICE_TYPE_LABEL], DEVICE_TYPE_LABEL
-    if labels.get(ACCELERATOR_LABEL):
-        return labels[ACCELERATOR_LABEL], ACCELERATOR_LABEL
+    labelled = device_type_from_labels(labels)
+    if labelled is not None:
+        return labelled
     if has_gpus:
         return "", None  # GPUs of unknown type: reported by cluster_from_nodes
     return CPU_DEVICE_TYPE, None
@@ -94,6 +92,35 @@ def nodes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[RayNode]:
             )
         )
     return nodes
+
+
+def connect(address: str) -> None:
+    """Join the Ray cluster at ``address`` ("auto": the one this process runs in)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, RuntimeError) as exc:
+        raise UserError(
+            f"cannot connect to a Ray cluster at {address!r}: {str(exc).splitlines()[0]}",
+            field="cluster.address",
+            fix="start one with `ray start --head`, or set cluster.address / --address",
+        ) from None
+
+
+def pin_by_node_id(plan: Plan, nodes: Sequence[RayNode]) -> Plan:
+    """``plan`` with each stage pinned by node name pinned by that node's Ray id instead."""
+    ids = {n.name: n.node_id for n in nodes}
+    replicas = []
+    for replica in plan.replicas:
+        stages = tuple(
+            s.model_copy(update={"node": ids[s.node]}) if s.node in ids else s
+            for s in replica.stages
+        )
+        replicas.append(replica.model_copy(update={"stages": stages}))
+    return plan.model_copy(update={"replicas": tuple(replicas)})
 
 
 def discover_nodes() -> list[RayNode]:

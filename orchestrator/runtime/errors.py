@@ -1,27 +1,13 @@
 """Typed failures of a worker group; retryable versus permanent is in the type.
 
+A lost worker is the controller's own :class:`~orchestrator.control.ports.WorkerLost`.
+
 Every error here pickles intact (it may be raised where Ray moves it between processes).
 """
 
 from __future__ import annotations
 
 from orchestrator.errors import PermanentError, TransientError
-
-
-class WorkerLostError(TransientError):
-    """Workers died (their actor or their node): the group must be relaunched without them."""
-
-    def __init__(self, ranks: tuple[int, ...], nodes: tuple[str, ...], detail: str = "") -> None:
-        where = ", ".join(f"rank {r} on node {n}" for r, n in zip(ranks, nodes, strict=True))
-        super().__init__(
-            f"lost {len(ranks)} worker(s): {where}" + (f" ({detail})" if detail else "")
-        )
-        self.ranks = ranks
-        self.nodes = nodes
-        self.detail = detail
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.ranks, self.nodes, self.detail))
 
 
 class WorkerTimeoutError(TransientError):

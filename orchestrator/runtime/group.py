@@ -7,10 +7,11 @@ The port the elastic controller drives (a small surface, so it can be faked in t
     group.fetch_layer_states() -> {layer: state}          # from the live holders of each layer
     group.stop()                                          # tear down; safe to call twice
 
-Any worker that dies surfaces as :class:`~orchestrator.runtime.errors.WorkerLostError` naming the
-ranks and nodes lost; a worker that raises while all stay alive as ``WorkerFailedError``; a phase
-that does not finish in time as ``WorkerTimeoutError``. User mistakes raised inside a worker (a
-:class:`~orchestrator.errors.UserError`) come back as themselves.
+Any worker that dies surfaces as :class:`~orchestrator.control.ports.WorkerLost` naming the
+ranks lost and the Ray node ids they ran on; a worker that raises while all stay alive as
+``WorkerFailedError``; a phase that does not finish in time as ``WorkerTimeoutError``. User
+mistakes raised inside a worker (a :class:`~orchestrator.errors.UserError`) come back as
+themselves.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.control.events import StageTiming, StepReport
+from orchestrator.control.ports import WorkerLost
 from orchestrator.errors import UserError
 from orchestrator.runtime.actor import WorkerActor, WorkerJob
 from orchestrator.runtime.discovery import (
@@ -33,10 +34,11 @@ from orchestrator.runtime.discovery import (
     emulated_reference_speed,
     slowdown_factor,
 )
-from orchestrator.runtime.errors import WorkerFailedError, WorkerLostError, WorkerTimeoutError
+from orchestrator.runtime.errors import WorkerFailedError, WorkerTimeoutError
 from orchestrator.runtime.placement import PlacedGroup, bundle_requests, place, slots_for_plan
 from orchestrator.runtime.validation import validate_model_for_plan, validate_plan_for_cluster
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StageTiming, StepReport
 from orchestrator.worker.topology import RankSpec, layer_holders, ranks_for_plan
 
 
@@ -128,7 +130,7 @@ class WorkerGroup:
     def fetch_layer_states(self) -> dict[int, dict[str, Any]]:
         """Each planner layer's parameters and optimizer state, from a live rank holding it.
 
-        Raises :class:`WorkerLostError` naming the ranks when some layer has no live holder.
+        Raises :class:`WorkerLost` naming the ranks when some layer has no live holder.
         """
         assert self.plan is not None, "fetch_layer_states() before launch()"
         alive = self._alive_ranks()
@@ -137,9 +139,7 @@ class WorkerGroup:
             live = [r for r in holders if r in alive]
             if not live:
                 dead = tuple(r for r in range(len(self._actors)) if r not in alive)
-                raise WorkerLostError(
-                    dead, self._node_names(dead), f"layer {layer} has no live holder"
-                )
+                raise WorkerLost(dead, self._node_ids(dead), f"layer {layer} has no live holder")
             chosen.setdefault(live[0], []).append(layer)
         refs = {r: self._actors[r].get_layer_states.remote() for r in chosen}
         got = self._gather("fetch layer states", refs, self.options.step_timeout_s)
@@ -289,7 +289,7 @@ class WorkerGroup:
     def _raise_lost(self, phase: str, detail: str, also: tuple[int, ...] = ()) -> None:
         dead = tuple(sorted((set(range(len(self._actors))) - self._alive_ranks()) | set(also)))
         if dead:
-            raise WorkerLostError(dead, self._node_names(dead), f"{phase}; {detail}".strip("; "))
+            raise WorkerLost(dead, self._node_ids(dead), f"{phase}; {detail}".strip("; "))
 
     def _alive_ranks(self) -> set[int]:
         """Ranks whose actor answers a ping (a second thread answers even during a step).
@@ -309,6 +309,6 @@ class WorkerGroup:
                 pass
         return alive
 
-    def _node_names(self, ranks: tuple[int, ...]) -> tuple[str, ...]:
-        names = {w.rank: w.node_name for w in self.workers}
-        return tuple(names.get(r, "?") for r in ranks)
+    def _node_ids(self, ranks: tuple[int, ...]) -> tuple[str, ...]:
+        ids = {w.rank: w.node_id for w in self.workers}
+        return tuple(ids[r] for r in ranks if r in ids)

@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.errors import SpecError, TransientError
 from orchestrator.runtime.discovery import RayNode
-from orchestrator.runtime.labels import DEVICE_TYPE_LABEL, NODE_ID_LABEL
+from orchestrator.spec.labels import DEVICE_TYPE_LABEL, NODE_ID_LABEL
 from orchestrator.spec.plan import Plan
 
 
@@ -51,6 +51,7 @@ def bundle_requests(slots: Sequence[WorkerSlot], nodes: Sequence[RayNode]) -> li
     for n in nodes:
         by_type.setdefault(n.device_type, []).append(n)
     by_name = {n.name: n for n in nodes}
+    by_id = {n.node_id: n for n in nodes}
     out: list[BundleRequest] = []
     for slot in slots:
         typed = by_type.get(slot.device_type)
@@ -64,7 +65,8 @@ def bundle_requests(slots: Sequence[WorkerSlot], nodes: Sequence[RayNode]) -> li
             )
         selector = _type_selector(slot.device_type, typed)
         if slot.node is not None:
-            node = by_name.get(slot.node)
+            # Plan files pin by node name; the controller's plans pin by Ray node id.
+            node = by_name.get(slot.node) or by_id.get(slot.node)
             if node is None or node.device_type != slot.device_type:
                 raise SpecError(
                     f"rank {slot.rank} is pinned to node {slot.node!r}, which is not a live "

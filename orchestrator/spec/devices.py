@@ -129,6 +129,17 @@ BUILTIN_DEVICE_TYPES: tuple[DeviceType, ...] = (
 )
 
 
+# Ray's accelerator-type names (ray.util.accelerators) that differ from catalog names. Where Ray
+# does not say which memory size, take the smaller part: a plan that fits it fits the larger.
+DEVICE_ALIASES: dict[str, str] = {
+    "A100": "A100-40",
+    "A100-40G": "A100-40",
+    "A100-80G": "A100-80",
+    "V100": "V100-16",
+    "A10": "A10G",
+}
+
+
 class DeviceCatalog:
     """Name -> DeviceType lookup with the built-in entries, optionally overridden or extended."""
 
@@ -145,6 +156,11 @@ class DeviceCatalog:
 
     def __getitem__(self, name: str) -> DeviceType:
         return self._by_name[name]
+
+    def resolve(self, name: str) -> str | None:
+        """The catalog name for ``name`` (a catalog name or an alias), or ``None``."""
+        resolved = DEVICE_ALIASES.get(name, name)
+        return resolved if resolved in self._by_name else None
 
     def names(self) -> list[str]:
         """Names in catalog order."""

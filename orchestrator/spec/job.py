@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.control.config import ElasticitySpec
+from orchestrator.spec.elasticity import ElasticitySpec
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
 JOB_FORMAT = "orchestrator-job/v1"

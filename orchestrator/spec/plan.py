@@ -115,6 +115,15 @@ class Plan(BaseModel):
                 counts[s.device_type] = counts.get(s.device_type, 0) + s.tp
         return counts
 
+    def ranked_stages(self) -> tuple[tuple[int, int, StageSpec], ...]:
+        """``(replica, stage, spec)`` in rank order: replica-major, stage-minor, one rank per
+        stage (the workers run tensor-parallel degree 1)."""
+        return tuple(
+            (r, i, stage)
+            for r, rep in enumerate(self.replicas)
+            for i, stage in enumerate(rep.stages)
+        )
+
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, fixed separators, so equal plans are equal bytes."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=2) + "\n"

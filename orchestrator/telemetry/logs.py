@@ -23,8 +23,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
 from orchestrator.control.callbacks import ControllerCallback
-from orchestrator.control.events import ControllerStateName, StepReport
+from orchestrator.control.events import ControllerStateName
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StepReport
 
 LOGGER_NAME = "orchestrator"
 

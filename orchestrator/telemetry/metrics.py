@@ -17,8 +17,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from orchestrator.control.callbacks import ControllerCallback
-from orchestrator.control.events import ControllerStateName, StepReport
+from orchestrator.control.events import ControllerStateName
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StepReport
 
 # Reasons the controller gives for a plan change (see ControllerCallback.on_plan); recoveries use
 # the same vocabulary. Unknown reasons still work: their series appear on first use.

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.control.callbacks import ControllerCallback
-from orchestrator.control.events import ControllerStateName, RunEvent, StepReport
+from orchestrator.control.events import ControllerStateName, RunEvent
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StepReport
 
 STATUS_FORMAT = "orchestrator-status/v1"
 DEFAULT_MAX_EVENTS = 50

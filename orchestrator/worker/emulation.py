@@ -18,9 +18,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import TypeVar
 
 from orchestrator.errors import SpecError
-
-DEVICE_TYPE_LABEL = "orchestrator.io/device-type"
-EMULATED_SPEED_LABEL = "orchestrator.io/emulated-speed"
+from orchestrator.spec.labels import EMULATED_SPEED_LABEL
 
 T = TypeVar("T")
 

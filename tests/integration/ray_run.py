@@ -19,7 +19,6 @@ from typing import Any
 
 from orchestrator.control.callbacks import ControllerCallback
 from orchestrator.runtime.elastic.session import ElasticJob, build_session
-from orchestrator.runtime.jobs import worker_job
 from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS, crash_node
 from orchestrator.spec.job import JobSpec
 
@@ -124,11 +123,7 @@ def run_elastic_on_ray(
         cluster.wait_for_nodes()
         job = _job(workdir, total_steps, checkpoint_interval_steps)
         job_file = workdir / "job.yaml"
-        spec = ElasticJob(
-            job_json=job.model_dump_json(),
-            job_file=str(job_file),
-            worker_job=worker_job(job, job_file),
-        )
+        spec = ElasticJob.from_spec(job, job_file)
         session = build_session(spec, serve=False, extra_callbacks=callbacks)
         try:
             _train_with_one_crash(session, cluster, nodes, crash_after_step, limit_s)

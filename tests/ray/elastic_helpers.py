@@ -17,16 +17,16 @@ import torch
 from ray_plans import GLOBAL_BATCH, MODEL_KWARGS, NUM_PLANNER_LAYERS
 
 from orchestrator.control.ports import PlanProposal
-from orchestrator.control.snapshot import ClusterSnapshot
 from orchestrator.errors import InfeasibleError
 from orchestrator.runtime.elastic.session import ElasticJob, Session
 from orchestrator.runtime.jobs import worker_job
 from orchestrator.spec.job import JobSpec
+from orchestrator.spec.labels import POOL_LABEL
 from orchestrator.spec.plan import Plan, ReplicaSpec, StageSpec
+from orchestrator.spec.snapshot import ClusterSnapshot
 from orchestrator.worker.data import DataConfig
 from orchestrator.worker.reference import ReferenceTrainer
 
-POOL_LABEL = "orchestrator.io/pool"
 # Far below the session cluster's fastest emulated speed (1.0): pool workers run ~20x stretched.
 POOL_SPEED = "0.05"
 
@@ -78,12 +78,7 @@ def tiny_job_spec(name: str, steps: int, **extra: Any) -> JobSpec:
 
 
 def elastic_spec(job: JobSpec, pool: str, job_file: str = "/tmp/elastic-test.yaml") -> ElasticJob:
-    return ElasticJob(
-        job_json=job.model_dump_json(),
-        job_file=job_file,
-        worker_job=worker_job(job, job_file),
-        node_selector={POOL_LABEL: pool},
-    )
+    return ElasticJob.from_spec(job, job_file, node_selector={POOL_LABEL: pool})
 
 
 class ReplicaPerDevice:

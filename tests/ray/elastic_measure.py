@@ -18,10 +18,10 @@ import sys
 import time
 from pathlib import Path
 
+from orchestrator.runtime.elastic.summary import RunSummary
 from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS, crash_node
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 
 
 def main() -> None:
@@ -90,7 +90,7 @@ def first_after(times: list[tuple[float, str]], t0: float, kind: str) -> float:
     return next(t for t, k in times if t >= t0 and k == kind)
 
 
-def report(summary: dict, clocked, marks: dict[str, float]) -> None:  # type: ignore[no-untyped-def]
+def report(summary: RunSummary, clocked, marks: dict[str, float]) -> None:  # type: ignore[no-untyped-def]
     kill_s, join_s = marks["kill"], marks["join"]
     after_kill = next(
         t for t, _, _ in clocked.steps if t > first_after(clocked.events, kill_s, "failure")
@@ -102,21 +102,19 @@ def report(summary: dict, clocked, marks: dict[str, float]) -> None:  # type: ig
     after_join = next(t for t, _, _ in clocked.steps if t > join_plan)
     before = [d for t, _, d in clocked.steps if kill_s < t < join_s][1:]
     after = [d for t, _, d in clocked.steps if t > join_plan][1:]
-    print(
-        f"state: {summary['state']}, steps {summary['steps']}, failures {summary['failure_count']}"
-    )
+    print(f"state: {summary.state}, steps {summary.steps}, failures {summary.failure_count}")
     print(f"crash -> first completed step after it: {after_kill - kill_s:.2f} s")
     print(
         f"  failure seen {seen_s:.2f} s after the crash; restore chosen at {restored_s:.2f} s; "
         f"new plan launched at {relaunch - kill_s:.2f} s"
     )
-    print(f"steps lost: {summary['lost_steps_total']}")
+    print(f"steps lost: {summary.lost_steps_total}")
     print(f"join -> first step of the new plan: {after_join - join_s:.2f} s")
     print(
         f"mean step before the join (2 devices): {statistics.fmean(before):.3f} s; "
         f"after (3 devices): {statistics.fmean(after):.3f} s (emulated)"
     )
-    print(f"measured switch costs: {[round(c, 2) for c in summary['switch_costs_s']]} s")
+    print(f"measured switch costs: {[round(c, 2) for c in summary.switch_costs_s]} s")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ from orchestrator.runtime.discovery import (
     slowdown_factor,
 )
 from orchestrator.runtime.group import WorkerGroup
-from orchestrator.runtime.labels import ACCELERATOR_LABEL, DEVICE_TYPE_LABEL, NODE_ID_LABEL
 from orchestrator.runtime.placement import bundle_requests, slots_for_plan
+from orchestrator.spec.labels import ACCELERATOR_LABEL, DEVICE_TYPE_LABEL, NODE_ID_LABEL
 
 
 def row(node_id: str, gpus: int = 0, cpus: int = 2, alive: bool = True, **labels: str) -> dict:

@@ -74,13 +74,13 @@ def test_random_kills_and_joins_keep_every_committed_step(ray_cluster, tmp_path:
         ray.kill(actor, no_restart=True)
         remove_pool(ray_cluster, nodes + added)
 
-    assert summary["state"] == "finished", summary["reason"]
-    assert summary["steps"] == STEPS and summary["checkpoint_step"] == STEPS
-    indices = summary["step_indices"]
+    assert summary.finished, summary.reason
+    assert summary.steps == STEPS and summary.checkpoint_step == STEPS
+    indices = summary.step_indices
     for before, after in itertools.pairwise(indices):
         # Forward by one, or back to a checkpoint at most one interval behind.
         assert after == before + 1 or before + 1 - INTERVAL <= after <= before, indices
-    assert all(r["lost_steps"] <= INTERVAL for r in summary["recoveries"]), summary["recoveries"]
+    assert all(r.lost_steps <= INTERVAL for r in summary.recoveries), summary.recoveries
     final = DirCheckpointStore(tmp_path / "ckpt").load(STEPS)
     _, want_params = reference(job, STEPS)
     assert max_relative_error(final, want_params) < 1e-4

@@ -64,11 +64,11 @@ def test_kill_drain_and_join_lose_no_step(ray_cluster) -> None:
         session.workers.stop()
         remove_pool(ray_cluster, nodes + joined)
 
-    assert summary["state"] == "finished", summary["reason"]
+    assert summary.finished, summary.reason
     # The step counter never goes back: every step ran exactly once, in order.
-    assert summary["step_indices"] == list(range(STEPS))
-    assert summary["lost_steps_total"] == 0
-    assert summary["failure_count"] == 1
+    assert summary.step_indices == tuple(range(STEPS))
+    assert summary.lost_steps_total == 0
+    assert summary.failure_count == 1
     events = session.controller.events
     failure = next(e for e in events if e.kind is EventKind.FAILURE)
     assert failure.data["lost_nodes"] == [killed], failure.message
@@ -83,6 +83,6 @@ def test_kill_drain_and_join_lose_no_step(ray_cluster) -> None:
     assert set(placement.values()) == {nodes[2].node_id, joined[0].node_id}
 
     want_losses, want_params = reference(job, STEPS)
-    for got, want in zip(summary["losses"], want_losses, strict=True):
-        assert abs(got - want) <= 1e-4 * abs(want), (summary["losses"], want_losses)
+    for got, want in zip(summary.losses, want_losses, strict=True):
+        assert abs(got - want) <= 1e-4 * abs(want), (summary.losses, want_losses)
     assert max_relative_error(final, want_params) < 1e-4

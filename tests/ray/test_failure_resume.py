@@ -1,6 +1,6 @@
 """Failures surface as typed errors naming what was lost; states move between different plans.
 
-- A killed worker makes the next step raise ``WorkerLostError`` (a ``TransientError``) naming its
+- A killed worker makes the next step raise ``WorkerLost`` (a ``TransientError``) naming its
   rank and node, and the group still stops cleanly.
 - Training resumed from a layer-indexed checkpoint under a plan with other stage boundaries and
   other device types continues exactly as single-process training would.
@@ -15,8 +15,8 @@ import ray
 import torch
 from ray_plans import A100, EXACTNESS_PLANS, GLOBAL_BATCH, L4, plan, tiny_job
 
+from orchestrator.control.ports import WorkerLost
 from orchestrator.errors import TransientError
-from orchestrator.runtime.errors import WorkerLostError
 from orchestrator.runtime.group import GroupOptions, WorkerGroup
 from orchestrator.worker.checkpoint import load_latest, save_checkpoint
 from orchestrator.worker.data import DataConfig
@@ -29,15 +29,15 @@ def test_killed_worker_is_reported_by_rank_and_node(ray_cluster: object) -> None
         workers = group.launch(EXACTNESS_PLANS["1x3-uneven"])
         group.step()
         ray.kill(group._actors[1], no_restart=True)
-        with pytest.raises(WorkerLostError) as info:
+        with pytest.raises(WorkerLost) as info:
             group.step()
     finally:
         group.stop()
     err = info.value
     assert isinstance(err, TransientError)
     assert err.ranks == (1,)
-    assert err.nodes == (workers[1].node_name,)
-    assert f"rank 1 on node {workers[1].node_name}" in str(err)
+    assert err.nodes == (workers[1].node_id,)
+    assert f"lost ranks [1] on nodes ['{workers[1].node_id}']" in str(err)
 
 
 def test_resume_under_another_plan_matches_single_process(

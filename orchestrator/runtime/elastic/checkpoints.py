@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,23 @@ RUN_STATE_FILE = "run-state.json"
 
 
 class DirCheckpointStore:
-    """Checkpoints under ``root``; ``resume=False`` ignores those that were there before."""
+    """Checkpoints under ``root``; ``resume=False`` ignores those that were there before.
 
-    def __init__(self, root: Path, *, keep_last: int = 3, resume: bool = True) -> None:
+    ``on_skipped(path, reason)`` hears once of each published checkpoint that fails to verify.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        keep_last: int = 3,
+        resume: bool = True,
+        on_skipped: Callable[[Path, str], None] | None = None,
+    ) -> None:
         self.root = Path(root)
         self.keep_last = keep_last
         self._ignored: set[str] = set() if resume else {p.name for p in self._published()}
+        self._on_skipped = on_skipped
 
     def _published(self) -> list[Path]:
         from orchestrator.worker.checkpoint import list_checkpoints
@@ -46,7 +57,10 @@ class DirCheckpointStore:
                 continue
             try:
                 manifest = verify(path)
-            except CheckpointError:
+            except CheckpointError as exc:
+                self._ignored.add(path.name)  # a bad checkpoint stays bad: verify it once
+                if self._on_skipped is not None:
+                    self._on_skipped(path, str(exc))
                 continue
             return CheckpointRef(int(manifest["step"]), {**manifest, "meta": _read_meta(path)})
         return None

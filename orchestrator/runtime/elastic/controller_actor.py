@@ -1,4 +1,4 @@
-"""The elastic controller as a named Ray actor per run, and the driver side that follows it.
+"""The controller as a named Ray actor per run, and the driver side that follows it.
 
 The actor (``num_cpus=0``, named ``orchestrator-controller-<job name>`` in the ``orchestrator``
 namespace, pinned to the driver's node so its metrics port and checkpoint paths are the driver's)
@@ -6,23 +6,30 @@ hosts a :class:`~orchestrator.runtime.elastic.session.Session`: the controller w
 the telemetry server and callbacks. ``run()`` steps the controller until FINISHED or FAILED on
 one thread; ``progress()``, ``status()`` and ``post_node_event()`` answer on others.
 
-The driver (:func:`run_elastic`) creates the actor or, if one of that name is alive, attaches to
-it (``get_if_exists``), prints its progress lines while ``run()`` is pending and returns its
-summary. The actor belongs to the driver: when the driver dies, Ray ends the actor and its
-workers, and a restarted driver starts a new controller, which resumes from the latest checkpoint
-and the run state stored with it (failures so far, lost steps, measured slowdowns).
+The driver (:func:`run_elastic`) checks everything that needs no actor, creates the actor (and
+refuses, naming the fix, while a live run of the same job name holds it: two drivers must never
+share one controller), prints its progress lines while ``run()`` is pending and returns its
+:class:`~orchestrator.runtime.elastic.summary.RunSummary`. The actor belongs to the driver: when
+the driver dies, Ray ends the actor and its workers, and a restarted driver starts a new
+controller, which resumes from the latest checkpoint and the run state stored with it (failures
+so far, lost steps, measured slowdowns). Fixed-plan and planned runs take this one path.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import ray
 
-from orchestrator.errors import PermanentError
+from orchestrator.errors import PermanentError, UserError
+from orchestrator.runtime.discovery import RayNode, connect, discover_nodes
 from orchestrator.runtime.elastic.session import ElasticJob, Session, build_session
+from orchestrator.runtime.elastic.summary import RunSummary
+from orchestrator.runtime.validation import validate_model, validate_plan_for_cluster
 
 NAMESPACE = "orchestrator"
 Printer = Callable[[str], None]
@@ -42,10 +49,10 @@ class ControllerActor:
 
     def __init__(self, spec: ElasticJob) -> None:
         self._session: Session = build_session(spec)
-        self._result: dict[str, Any] | None = None
+        self._result: RunSummary | None = None
         self._lock = threading.Lock()
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> RunSummary:
         """Step the controller to the end (once; later calls return the same summary)."""
         with self._lock:
             if self._result is None:
@@ -56,8 +63,8 @@ class ControllerActor:
         """Progress lines after ``cursor``, and the new cursor."""
         return self._session.progress.since(cursor)
 
-    def status(self) -> dict[str, Any]:
-        """The run's figures so far (the summary's shape)."""
+    def status(self) -> RunSummary:
+        """The run's figures so far."""
         return self._session.summary()
 
     def metrics_url(self) -> str | None:
@@ -69,20 +76,43 @@ class ControllerActor:
         self._session.probe.post_node_event(node, event, deadline_s)
 
 
-def start_controller(spec: ElasticJob) -> Any:
-    """Create the run's controller actor on this node, or attach to the live one of that name."""
+def start_controller(spec: ElasticJob, *, wait_for_old_s: float = 10.0) -> Any:
+    """Create the run's controller actor on this node.
+
+    A live actor of the same name belongs to another driver's run (or to a driver that just died,
+    whose actor Ray ends within seconds: waited for up to ``wait_for_old_s``); attaching to it
+    would mix two runs, so that is refused with the fix.
+    """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    name = actor_name(spec.job.name)
+    deadline_s = time.monotonic() + wait_for_old_s
+    while _alive(name) and time.monotonic() < deadline_s:
+        time.sleep(0.5)
+    if _alive(name):
+        raise UserError(
+            f"a run of job {spec.job.name!r} is still live (Ray actor {name!r} in namespace "
+            f"{NAMESPACE!r})",
+            field="name",
+            fix="wait for it to end, stop its driver, or give this job another name",
+        )
     here = ray.get_runtime_context().get_node_id()
     return ControllerActor.options(  # type: ignore[attr-defined]
-        name=actor_name(spec.job.name),
+        name=name,
         namespace=NAMESPACE,
-        get_if_exists=True,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
     ).remote(spec)
 
 
-def follow(actor: Any, out: Printer, poll_s: float = 0.5) -> dict[str, Any]:
+def _alive(name: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def follow(actor: Any, out: Printer, poll_s: float = 0.5) -> RunSummary:
     """Print the actor's progress while its ``run()`` is pending; return the run's summary."""
     done = actor.run.remote()
     cursor = 0
@@ -92,16 +122,42 @@ def follow(actor: Any, out: Printer, poll_s: float = 0.5) -> dict[str, Any]:
         for line in lines:
             out(line)
         if ready:
-            return dict(ray.get(done))
+            summary: RunSummary = ray.get(done)
+            return summary
 
 
-def run_elastic(
-    spec: ElasticJob, out: Printer = print, *, keep_actor: bool = False
-) -> dict[str, Any]:
-    """Run ``spec`` through its controller actor; raise :class:`RunFailedError` if it failed.
+def check_and_connect(spec: ElasticJob) -> list[RayNode]:
+    """Every check that needs no actor: the model factory (before Ray is touched), then the
+    fixed plan against the live nodes. Returns the live nodes."""
+    job = spec.job
+    num_layers = job.model.shape.num_planner_layers
+    validate_model(spec.worker_job, num_layers)
+    connect(job.cluster.address)
+    nodes = discover_nodes()
+    plan = spec.plan
+    if plan is not None:
+        validate_plan_for_cluster(plan, nodes, num_layers)
+    return nodes
 
-    ``keep_actor``: leave the finished actor alive (tests read its status); else it is ended.
-    """
+
+def describe_cluster(job_name: str, nodes: list[RayNode]) -> str:
+    """One line: the job, its nodes and devices, and which device types are emulated."""
+    devices: Counter[str] = Counter()
+    for n in nodes:
+        devices[n.device_type or "unknown"] += n.num_devices
+    emulated = sorted({n.device_type for n in nodes if n.emulated})
+    return (
+        f"job {job_name}: {len(nodes)} nodes, devices "
+        + ", ".join(f"{t} x{c}" for t, c in sorted(devices.items()))
+        + (f"; emulated speeds on {', '.join(emulated)}" if emulated else "")
+    )
+
+
+def run_elastic(spec: ElasticJob, out: Printer = print, *, keep_actor: bool = False) -> RunSummary:
+    """Check, then run ``spec`` through its controller actor; raise :class:`RunFailedError` if
+    it failed. ``keep_actor``: leave the finished actor alive (tests read its status)."""
+    nodes = check_and_connect(spec)
+    out(describe_cluster(spec.job.name, nodes))
     actor = start_controller(spec)
     url = ray.get(actor.metrics_url.remote())
     if url:
@@ -111,12 +167,20 @@ def run_elastic(
     finally:
         if not keep_actor:
             ray.kill(actor, no_restart=True)
-    if summary["state"] != "finished":
-        checkpoint = summary.get("checkpoint_step")
+    if not summary.finished:
         resume = (
-            f"; resume from the checkpoint at step {checkpoint}"
-            if checkpoint is not None
+            f"; resume from the checkpoint at step {summary.checkpoint_step}"
+            if summary.checkpoint_step is not None
             else "; no checkpoint to resume from"
         )
-        raise RunFailedError(f"run failed: {summary['reason']}{resume}")
+        raise RunFailedError(f"run failed: {summary.reason}{resume}")
+    tag = " (emulated)" if summary.emulated else ""
+    nan = float("nan")
+    first = summary.first_loss if summary.first_loss is not None else nan
+    last = summary.last_loss if summary.last_loss is not None else nan
+    out(
+        f"done: {summary.steps} steps ({summary.steps_run} run here), loss {first:.4f} -> "
+        f"{last:.4f}, mean step {summary.mean_step_s:.4f} s{tag}; {summary.failure_count} "
+        f"failures, {summary.lost_steps_total} steps lost"
+    )
     return summary

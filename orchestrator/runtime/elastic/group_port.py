@@ -2,15 +2,11 @@
 
 :class:`RayWorkerGroupPort` drives an :class:`~orchestrator.runtime.group.WorkerGroup` whose ranks
 are :class:`~orchestrator.runtime.elastic.worker.ElasticWorker` actors (updates wait for the commit,
-so survivors always answer with the last committed step). It translates between the controller's
-and the runtime's words:
-
-- plans name nodes by Ray node id (the cluster probe's snapshot); the group places by the node
-  names of :func:`~orchestrator.runtime.discovery.discover_nodes`, so pins are rewritten;
-- :class:`~orchestrator.runtime.errors.WorkerLostError` becomes
-  :class:`~orchestrator.control.ports.WorkerLost` naming the Ray node ids that actually died: the
-  node of a rank whose actor died, and any node of the group that Ray reports dead (its other
-  ranks are lost with it). Survivors that merely saw a broken collective are not named.
+so survivors always answer with the last committed step). Plans pin stages by Ray node id, which
+placement accepts as it is. A :class:`~orchestrator.control.ports.WorkerLost` from the group is
+widened to every node that actually died: the node of a rank whose actor died, and any node of the
+group that Ray reports dead (its other ranks are lost with it). Survivors that merely saw a broken
+collective are not named.
 
 Every change of plan starts fresh actors: the old group's collectives are broken after a failure
 and its process groups have the old world size, so reusing a live actor would need its torch
@@ -24,15 +20,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.control.events import StepReport
 from orchestrator.control.ports import CheckpointStore, WorkerLost
 from orchestrator.control.recovery import LayerState, RestoreKind, RestoreSource
 from orchestrator.runtime.actor import WorkerJob
-from orchestrator.runtime.discovery import discover_nodes
 from orchestrator.runtime.elastic.worker import ElasticWorkerActor
-from orchestrator.runtime.errors import WorkerLostError
 from orchestrator.runtime.group import GroupOptions, WorkerGroup, WorkerInfo
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StepReport
 from orchestrator.worker.topology import layer_holders
 
 log = logging.getLogger(__name__)
@@ -71,14 +65,14 @@ class RayWorkerGroupPort:
     def launch(self, plan: Plan, restore: RestoreSource) -> None:
         """Start fresh actors for ``plan``, load ``restore``'s states; first step resume_step."""
         self.stop()
-        pinned, rank_node = self._pin_to_live_nodes(plan)
+        self._rank_node = _check_pins_alive(plan)
         states = self._states_for(restore)
         group = ElasticWorkerGroup(self.job, self.options)
-        self._group, self._plan, self._rank_node = group, plan, rank_node
+        self._group, self._plan = group, plan
         self._dead_ranks = set()
         try:
-            self.workers = group.launch(pinned, states, restore.resume_step)
-        except WorkerLostError as exc:
+            self.workers = group.launch(plan, states, restore.resume_step)
+        except WorkerLost as exc:
             raise self._lost(exc) from None
         self._rank_node = {w.rank: w.node_id for w in self.workers}
         self._committed_steps = restore.resume_step
@@ -88,7 +82,7 @@ class RayWorkerGroupPort:
         group.next_step = step
         try:
             report = group.step()
-        except WorkerLostError as exc:
+        except WorkerLost as exc:
             raise self._lost(exc) from None
         self._committed_steps = step + 1
         return report
@@ -114,7 +108,7 @@ class RayWorkerGroupPort:
         refs = {r: group._actors[r].get_layer_states.remote(committed) for r in by_rank}
         try:
             got = group._gather("fetch layer states", refs, self.options.step_timeout_s)
-        except WorkerLostError as exc:
+        except WorkerLost as exc:
             raise self._lost(exc) from None
         return {layer: got[r][layer] for r, layers in by_rank.items() for layer in layers}
 
@@ -146,39 +140,28 @@ class RayWorkerGroupPort:
             return self.checkpoints.load(restore.checkpoint_step)
         return None
 
-    def _pin_to_live_nodes(self, plan: Plan) -> tuple[Plan, dict[int, str]]:
-        """The plan with node ids replaced by the group's node names, and rank -> node id.
-
-        A pinned node that is no longer alive is a lost worker before the launch even starts.
-        """
-        names = {n.node_id: n.name for n in discover_nodes()}
-        replicas, rank_node, missing = [], {}, {}
-        rank = 0
-        for replica in plan.replicas:
-            stages = []
-            for stage in replica.stages:
-                node = stage.node
-                if node is not None and node in names:
-                    rank_node[rank] = node
-                    stage = stage.model_copy(update={"node": names[node]})
-                elif node is not None and node not in names.values():
-                    missing[rank] = node
-                stages.append(stage)
-                rank += 1
-            replicas.append(replica.model_copy(update={"stages": tuple(stages)}))
-        if missing:
-            raise WorkerLost(missing, set(missing.values()), "planned node is gone")
-        return plan.model_copy(update={"replicas": tuple(replicas)}), rank_node
-
-    def _lost(self, exc: WorkerLostError) -> WorkerLost:
-        """The runtime's error in the controller's words: ranks lost, Ray node ids that died."""
+    def _lost(self, exc: WorkerLost) -> WorkerLost:
+        """``exc`` widened to every node of the group that Ray reports dead, and its ranks."""
         ranks = set(exc.ranks)
-        nodes = {self._rank_node[r] for r in ranks if r in self._rank_node}
+        nodes = set(exc.nodes) | {self._rank_node[r] for r in ranks if r in self._rank_node}
         dead_nodes = _dead_node_ids() & set(self._rank_node.values())
         nodes |= dead_nodes
         ranks |= {r for r, n in self._rank_node.items() if n in dead_nodes}
         self._dead_ranks |= ranks
         return WorkerLost(ranks, nodes, exc.detail)
+
+
+def _check_pins_alive(plan: Plan) -> dict[int, str]:
+    """Rank -> pinned Ray node id; a pinned node that is not alive is a lost worker already."""
+    import ray
+
+    alive = {str(row["NodeID"]) for row in ray.nodes() if row.get("Alive", False)}
+    ranked = plan.ranked_stages()
+    pins = {rank: st.node for rank, (_, _, st) in enumerate(ranked) if st.node is not None}
+    missing = {r: n for r, n in pins.items() if n not in alive}
+    if missing:
+        raise WorkerLost(missing, set(missing.values()), "planned node is gone")
+    return pins
 
 
 def _dead_node_ids() -> set[str]:

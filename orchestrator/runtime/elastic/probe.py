@@ -28,16 +28,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.control.snapshot import ClusterSnapshot, NodeInfo
 from orchestrator.errors import SpecError, TransientError
 from orchestrator.runtime.discovery import nodes_from_rows
 from orchestrator.spec.devices import DeviceCatalog
+from orchestrator.spec.labels import NODE_NAME_LABELS
+from orchestrator.spec.snapshot import ClusterSnapshot, NodeInfo
 
 log = logging.getLogger(__name__)
 
 LOST_EVENTS = frozenset({"node_lost", "not_ready", "removed"})
 DRAIN_EVENTS = frozenset({"preemption_notice", "spot_termination", "cordoned"})
-NAME_LABELS = ("orchestrator.io/node-name", "kubernetes.io/hostname")
 
 Rows = Callable[[], list[dict[str, Any]]]
 Draining = Callable[[], Mapping[str, int]]
@@ -170,7 +170,7 @@ def _names_by_node_id(rows: Iterable[dict[str, Any]]) -> dict[str, set[str]]:
         node_id = str(row.get("NodeID", ""))
         labels = row.get("Labels") or {}
         names = {str(row.get("NodeManagerHostname", "")), str(row.get("NodeName", ""))}
-        names |= {str(labels[k]) for k in NAME_LABELS if labels.get(k)}
+        names |= {str(labels[k]) for k in NODE_NAME_LABELS if labels.get(k)}
         out[node_id] = {n for n in names if n}
     return out
 

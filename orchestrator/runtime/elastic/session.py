@@ -4,7 +4,9 @@
 nothing here depends on being in one, so it can be driven in-process too):
 :class:`~orchestrator.runtime.elastic.probe.RayClusterProbe`,
 :class:`~orchestrator.runtime.elastic.group_port.RayWorkerGroupPort`, a checkpoint store,
-:class:`~orchestrator.control.planning.MakePlanPlanner`, the telemetry server with its
+the planner (:class:`~orchestrator.control.planning.MakePlanPlanner`, or
+:class:`~orchestrator.control.planning.FixedPlanner` for a job with a plan file: a fixed plan is
+the same run with a planner that always returns it), the telemetry server with its
 ``/metrics``, ``/v1/status`` and ``POST /v1/node-events`` (merged into the probe), the Prometheus,
 status and log callbacks, and :class:`ProgressLines`, the lines the driver prints.
 """
@@ -12,7 +14,6 @@ status and log callbacks, and :class:`ProgressLines`, the lines the driver print
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,24 +21,36 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.control.callbacks import ControllerCallback
+from orchestrator.control.config import ControllerConfig
 from orchestrator.control.controller import Controller
-from orchestrator.control.events import EventKind, RunEvent, StepReport
-from orchestrator.control.planning import MakePlanPlanner
-from orchestrator.control.ports import CheckpointStore, SystemClock
-from orchestrator.control.states import FailedState, FinishedState
+from orchestrator.control.events import EventKind, RunEvent
+from orchestrator.control.planning import FixedPlanner, MakePlanPlanner
+from orchestrator.control.ports import CheckpointStore, Planner, SystemClock
+from orchestrator.errors import SpecError, UserError
 from orchestrator.runtime.actor import WorkerJob
 from orchestrator.runtime.elastic.checkpoints import DirCheckpointStore, MemoryCheckpointStore
 from orchestrator.runtime.elastic.group_port import ELASTIC_GROUP_OPTIONS, RayWorkerGroupPort
 from orchestrator.runtime.elastic.probe import RayClusterProbe
+from orchestrator.runtime.elastic.summary import RunSummary, summarise
+from orchestrator.runtime.jobs import worker_job
 from orchestrator.spec.job import JobSpec
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.profiles import ProfileSet
+from orchestrator.spec.reports import StepReport
+
+# ``ElasticJob.from_file(metrics_port=JOB_METRICS_PORT)``: serve on the job's ``metrics.port``.
+JOB_METRICS_PORT = -1
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ElasticJob:
-    """What the controller actor needs, as plain data (the driver resolved every path)."""
+    """What the controller actor needs, as plain data (the driver resolved every path).
+
+    Build it with :meth:`from_file`. ``plan_json`` is the fixed plan of a job with a plan file
+    (``plan_source`` says which file), ``None`` for a planned run.
+    """
 
     job_json: str
     job_file: str  # absolute: checkpoint and profile paths are relative to it
@@ -45,10 +58,90 @@ class ElasticJob:
     steps: int | None = None
     metrics_port: int | None = None
     node_selector: dict[str, str] = field(default_factory=dict)
+    plan_json: str | None = None
+    plan_source: str = ""
+
+    @classmethod
+    def from_file(
+        cls,
+        job_file: Path | str,
+        *,
+        address: str | None = None,
+        plan_file: Path | str | None = None,
+        steps: int | None = None,
+        metrics_port: int | None = None,
+        node_selector: dict[str, str] | None = None,
+    ) -> ElasticJob:
+        """Load the job at ``job_file`` and check it (see :meth:`from_spec`); ``address``
+        overrides ``cluster.address``."""
+        from orchestrator.spec.loading import load_spec
+
+        job = load_spec(JobSpec, Path(job_file))
+        if address:
+            cluster = job.cluster.model_copy(update={"address": address})
+            job = job.model_copy(update={"cluster": cluster})
+        return cls.from_spec(
+            job,
+            job_file,
+            plan_file=plan_file,
+            steps=steps,
+            metrics_port=metrics_port,
+            node_selector=node_selector,
+        )
+
+    @classmethod
+    def from_spec(
+        cls,
+        job: JobSpec,
+        job_file: Path | str,
+        *,
+        plan_file: Path | str | None = None,
+        steps: int | None = None,
+        metrics_port: int | None = None,
+        node_selector: dict[str, str] | None = None,
+    ) -> ElasticJob:
+        """The run of ``job`` (paths in it are relative to ``job_file``), with its plan file (or
+        ``plan_file``) loaded and checked against the job.
+
+        ``metrics_port`` is where the run serves its metrics (``None``: nowhere;
+        :data:`JOB_METRICS_PORT`: the job's ``metrics.port``). Raises
+        :class:`~orchestrator.errors.UserError` naming the field and the fix.
+        """
+        from orchestrator.spec.loading import load_plan
+
+        path = Path(job_file).resolve()
+        if steps is not None and steps < 1:
+            raise UserError(f"--steps {steps} must be >= 1", field="--steps", fix="pass 1 or more")
+        plan_path = Path(plan_file) if plan_file else None
+        if plan_path is None and job.plan is not None:
+            plan_path = job.resolve_path(job.plan, path)
+        plan = load_plan(plan_path) if plan_path is not None else None
+        if plan is not None and plan.global_batch_size != job.training.global_batch_size:
+            raise SpecError(
+                f"plan {plan_path} has global_batch_size {plan.global_batch_size} but the job's "
+                f"training has {job.training.global_batch_size}",
+                field="training.global_batch_size",
+                fix="make them equal, or re-plan for this job",
+            )
+        return cls(
+            job_json=job.model_dump_json(),
+            job_file=str(path),
+            worker_job=worker_job(job, path),
+            steps=steps,
+            metrics_port=job.metrics.port if metrics_port == JOB_METRICS_PORT else metrics_port,
+            node_selector=dict(node_selector or {}),
+            plan_json=plan.model_dump_json() if plan is not None else None,
+            plan_source=f"file {plan_path}" if plan_path is not None else "planner",
+        )
 
     @property
     def job(self) -> JobSpec:
         return JobSpec.model_validate_json(self.job_json)
+
+    @property
+    def plan(self) -> Plan | None:
+        """The fixed plan, or ``None`` when the controller plans."""
+        return Plan.model_validate_json(self.plan_json) if self.plan_json else None
 
     @property
     def total_steps(self) -> int:
@@ -68,8 +161,9 @@ class ProgressLines(ControllerCallback):
     """Human-readable lines of the run (steps, plans, decisions), for the driver to print, and
     the figures of the summary. Thread-safe: the driver reads while the controller writes."""
 
-    def __init__(self, total_steps: int) -> None:
+    def __init__(self, total_steps: int, plan_source: str = "planner") -> None:
         self.total_steps = total_steps
+        self.plan_source = plan_source
         self.lines: list[str] = []
         self.reports: list[StepReport] = []
         self.emulated = False
@@ -97,8 +191,8 @@ class ProgressLines(ControllerCallback):
     ) -> None:
         devices = ", ".join(f"{t} x{n}" for t, n in sorted(plan.device_counts().items()))
         self._add(
-            f"plan (planner): {devices}; predicted step {predicted_step_s:.4f} s{self.tag} "
-            f"[{reason}]",
+            f"plan ({self.plan_source}): {devices}; predicted step {predicted_step_s:.4f} s"
+            f"{self.tag} [{reason}]",
             *describe_plan(plan),
         )
 
@@ -110,6 +204,10 @@ class ProgressLines(ControllerCallback):
             f"step {report.step_duration_s:.4f} s "
             f"{report.throughput_samples_per_s:.1f} samples/s{self.tag}"
         )
+
+    def on_checkpoint_skipped(self, path: Path, reason: str) -> None:
+        """A published checkpoint failed verification; an older one is used instead."""
+        self._add(f"checkpoint {path} skipped: {reason}")
 
     def on_event(self, event: RunEvent) -> None:
         if event.kind is not EventKind.PLAN_CHOSEN or "launched" in event.message:
@@ -128,7 +226,7 @@ class Session:
     progress: ProgressLines
     telemetry: Any = None  # orchestrator.telemetry.Telemetry, when serving
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> RunSummary:
         """Run to FINISHED or FAILED; stop the telemetry server; return :meth:`summary`."""
         try:
             self.controller.run()
@@ -138,41 +236,12 @@ class Session:
                 self.telemetry.stop()
         return self.summary()
 
-    def summary(self) -> dict[str, Any]:
-        """JSON-able figures of the run (see :func:`summarise`)."""
-        return summarise(self.controller, self.progress, self.checkpoints)
-
-
-def summarise(c: Controller, progress: ProgressLines, store: CheckpointStore) -> dict[str, Any]:
-    """State, steps, losses, recoveries (time and lost steps), plans and events of a run."""
-    from orchestrator.telemetry.status import event_to_json
-
-    reports = list(progress.reports)
-    state = c.state
-    latest = store.latest()
-    return {
-        "state": str(state.name),
-        "reason": state.reason if isinstance(state, FailedState) else "",
-        "steps": state.steps if isinstance(state, FinishedState) else c.next_step,
-        "steps_run": len(reports),
-        "first_loss": reports[0].loss if reports else None,
-        "last_loss": reports[-1].loss if reports else None,
-        "mean_step_s": statistics.fmean(r.step_duration_s for r in reports) if reports else 0.0,
-        "step_indices": [r.step for r in reports],
-        "losses": [r.loss for r in reports],
-        "emulated": progress.emulated,
-        "failure_count": c.failure_count,
-        "lost_steps_total": c.lost_steps_total,
-        "recoveries": [
-            {k: e.data.get(k) for k in ("recovery_s", "lost_steps", "step", "cause")}
-            for e in c.journal.of_kind(EventKind.RECOVERY)
-            if "recovery_s" in e.data
-        ],
-        "switch_costs_s": list(c.switch_cost.observations_s),
-        "checkpoint_step": latest.step if latest else None,
-        "checkpoint_path": str(latest.manifest.get("path", "")) if latest else "",
-        "events": [event_to_json(e) for e in c.events],
-    }
+    def summary(self) -> RunSummary:
+        """The run's figures so far."""
+        progress = self.progress
+        return summarise(
+            self.controller, list(progress.reports), progress.emulated, self.checkpoints
+        )
 
 
 def build_session(
@@ -186,13 +255,16 @@ def build_session(
     job = spec.job
     job_file = Path(spec.job_file)
     interval = job.checkpoint.interval_steps if job.checkpoint else 0
-    config = job.elasticity.to_config(
-        total_steps=spec.total_steps, checkpoint_interval_steps=interval
+    config = ControllerConfig.from_spec(
+        job.elasticity, total_steps=spec.total_steps, checkpoint_interval_steps=interval
     )
+    progress = ProgressLines(spec.total_steps, spec.plan_source or "planner")
     store: CheckpointStore
     if job.checkpoint is not None:
         root = job.resolve_path(job.checkpoint.dir, job_file)
-        store = DirCheckpointStore(root, resume=job.checkpoint.resume)
+        store = DirCheckpointStore(
+            root, resume=job.checkpoint.resume, on_skipped=progress.on_checkpoint_skipped
+        )
     else:
         store = MemoryCheckpointStore()
     probe = RayClusterProbe(node_selector=spec.node_selector)
@@ -203,9 +275,7 @@ def build_session(
         stop_timeout_s=ELASTIC_GROUP_OPTIONS.stop_timeout_s,
     )
     workers = RayWorkerGroupPort(spec.worker_job, store, options)
-    training = job.training.planner_spec().model_copy(update={"max_tensor_parallel": 1})
-    planner = MakePlanPlanner(job.model.shape, training, _profiles(job, job_file))
-    progress = ProgressLines(spec.total_steps)
+    planner = _planner(spec, job, job_file)
     telemetry = _telemetry(job, spec.metrics_port, probe) if serve else None
     callbacks: list[ControllerCallback] = [progress, *extra_callbacks]
     if telemetry is not None:
@@ -222,11 +292,28 @@ def build_session(
     return Session(spec, controller, probe, workers, store, progress, telemetry)
 
 
-def _profiles(job: JobSpec, job_file: Path) -> Any:
+def _planner(spec: ElasticJob, job: JobSpec, job_file: Path) -> Planner:
+    """The fixed plan's planner, or the search; either sees the job's profiles."""
+    # The workers run tensor-parallel degree 1 only, so the planner must not choose more.
+    training = job.training.planner_spec().model_copy(update={"max_tensor_parallel": 1})
+    profiles = _profiles(job, job_file)
+    plan = spec.plan
+    if plan is None:
+        return MakePlanPlanner(job.model.shape, training, profiles)
+    from orchestrator.runtime.discovery import discover_nodes, pin_by_node_id
+
+    return FixedPlanner(
+        pin_by_node_id(plan, discover_nodes()),
+        job.model.shape,
+        training,
+        profiles,
+        schedule=job.training.schedule.value,
+    )
+
+
+def _profiles(job: JobSpec, job_file: Path) -> ProfileSet | None:
     if job.profiles is None:
         return None
-    from orchestrator.spec.profiles import ProfileSet
-
     return ProfileSet.load([job.resolve_path(job.profiles, job_file)]).for_model(
         job.model.shape.name
     )

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 from orchestrator.control.config import ControllerConfig
 from orchestrator.control.controller import Controller
-from orchestrator.control.events import StageTiming, StepReport
 from orchestrator.control.ports import PlanProposal, WorkerLost
 from orchestrator.control.recovery import CheckpointRef, RestoreKind, RestoreSource
-from orchestrator.control.snapshot import ClusterSnapshot, NodeInfo
 from orchestrator.errors import InfeasibleError, TransientError
 from orchestrator.spec.plan import Plan, ReplicaSpec, StageSpec
+from orchestrator.spec.reports import StageTiming, StepReport
+from orchestrator.spec.snapshot import ClusterSnapshot, NodeInfo
 
 NUM_LAYERS = 4
 GLOBAL_BATCH = 16
@@ -210,7 +210,7 @@ class FakeWorkerGroup:
         self.clock.advance(self.launch_s)
         self.launches.append((plan, restore))
         ranks = [(r, s) for r, rep in enumerate(plan.replicas) for s in rep.stages]
-        self.rank_node = {i: s.node for i, (_, s) in enumerate(ranks)}
+        self.rank_node = self._place([s for _, s in ranks])
         self.rank_layers = {i: s.layers for i, (_, s) in enumerate(ranks)}
         self._raise_if_dead(set(self.rank_node))
         source = self._initial_states(restore)
@@ -275,6 +275,31 @@ class FakeWorkerGroup:
         self.state, self.rank_node, self.rank_layers, self.plan = {}, {}, {}, None
 
     # -- internals -------------------------------------------------------------------------
+    def _place(self, stages: list[StageSpec]) -> dict[int, str]:
+        """Rank -> node: a pinned stage's node; an unpinned one takes a free device of its type
+        (nodes in id order), as Ray's placement group does."""
+        free = {n.node_id: n.num_devices for n in self.cluster.nodes.values()}
+        for stage in stages:
+            if stage.node is not None and stage.node in free:
+                free[stage.node] -= 1
+        placed: dict[int, str] = {}
+        for rank, stage in enumerate(stages):
+            node = stage.node
+            if node is None:
+                node = next(
+                    (
+                        i
+                        for i, n in sorted(self.cluster.nodes.items())
+                        if n.device_type == stage.device_type and free[i] > 0
+                    ),
+                    None,
+                )
+                if node is None:
+                    raise TransientError(f"placement: no free {stage.device_type} device")
+                free[node] -= 1
+            placed[rank] = node
+        return placed
+
     def _raise_if_dead(self, ranks: set[int]) -> None:
         dead = {r for r in ranks if not self.cluster.alive(self.rank_node[r])}
         if dead:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.control.planning import MakePlanPlanner, derate, restore_type_names
-from orchestrator.control.snapshot import ClusterSnapshot, NodeInfo
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileFile, ProfileSet
+from orchestrator.spec.snapshot import ClusterSnapshot, NodeInfo
 
 MODEL = ModelSpec(
     name="gpt-small",

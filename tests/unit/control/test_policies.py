@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.control.events import StageTiming
 from orchestrator.errors import SpecError
 from orchestrator.policies import (
     Evacuate,
@@ -17,6 +16,7 @@ from orchestrator.policies import (
     StragglerDetector,
     TreatAsLost,
 )
+from orchestrator.spec.reports import StageTiming
 
 
 def test_failure_backoff_doubles_then_caps_and_budget_runs_out():

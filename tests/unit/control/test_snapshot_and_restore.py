@@ -12,17 +12,15 @@ from orchestrator.control.recovery import (
     lowest_holders,
     with_layer_sources,
 )
-from orchestrator.control.snapshot import (
-    DEVICE_TYPE_LABEL,
-    EMULATED_SPEED_LABEL,
-    RAY_ACCELERATOR_LABEL,
-    ClusterSnapshot,
-    NodeInfo,
-    device_type_from_labels,
-    diff_snapshots,
-)
 from orchestrator.errors import SpecError
 from orchestrator.spec.devices import DeviceCatalog
+from orchestrator.spec.labels import (
+    ACCELERATOR_LABEL,
+    DEVICE_TYPE_LABEL,
+    EMULATED_SPEED_LABEL,
+    device_type_from_labels,
+)
+from orchestrator.spec.snapshot import ClusterSnapshot, NodeInfo, diff_snapshots
 
 CATALOG = DeviceCatalog.builtin()
 
@@ -61,15 +59,19 @@ def test_to_cluster_builds_the_planner_view_with_catalog_devices():
         _snap(1, [("x", "TPU-v9", 1)]).to_cluster(CATALOG)
 
 
-def test_device_type_from_labels_prefers_the_project_label():
-    labels = {DEVICE_TYPE_LABEL: "L4", RAY_ACCELERATOR_LABEL: "T4"}
-    assert device_type_from_labels(labels, CATALOG) == "L4"
-    assert device_type_from_labels({RAY_ACCELERATOR_LABEL: "A100"}, CATALOG) == "A100-40"
-    assert device_type_from_labels({RAY_ACCELERATOR_LABEL: "A100-80G"}, CATALOG) == "A100-80"
-    assert device_type_from_labels({RAY_ACCELERATOR_LABEL: "T4"}, CATALOG) == "T4"
+def test_device_type_from_labels_prefers_the_project_label_and_resolves_rays_aliases():
+    labels = {DEVICE_TYPE_LABEL: "L4", ACCELERATOR_LABEL: "T4"}
+    assert device_type_from_labels(labels, CATALOG) == ("L4", DEVICE_TYPE_LABEL)
+    assert device_type_from_labels({ACCELERATOR_LABEL: "A100"}, CATALOG) == (
+        "A100-40",
+        ACCELERATOR_LABEL,
+    )
+    assert device_type_from_labels({ACCELERATOR_LABEL: "A100-80G"}, CATALOG)[0] == "A100-80"
+    assert device_type_from_labels({ACCELERATOR_LABEL: "T4"}, CATALOG)[0] == "T4"
     assert device_type_from_labels({}, CATALOG) is None
-    with pytest.raises(SpecError, match=DEVICE_TYPE_LABEL):
-        device_type_from_labels({DEVICE_TYPE_LABEL: "B9000"}, CATALOG)
+    # Unknown names come back as written; discovery reports them with the node.
+    assert device_type_from_labels({DEVICE_TYPE_LABEL: "B9000"}, CATALOG)[0] == "B9000"
+    assert CATALOG.resolve("B9000") is None and CATALOG.resolve("A10") == "A10G"
 
 
 def test_emulated_label_is_read_per_node():

@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 from orchestrator.control.callbacks import ControllerCallback
-from orchestrator.control.events import (
-    ControllerStateName,
-    EventKind,
-    RunEvent,
-    StageTiming,
-    StepReport,
-)
+from orchestrator.control.events import ControllerStateName, EventKind, RunEvent
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StageTiming, StepReport
 
 State = ControllerStateName
 

@@ -15,43 +15,7 @@ from dataclasses import dataclass, field
 from orchestrator.errors import SpecError
 from orchestrator.spec.cluster import Cluster, Node
 from orchestrator.spec.devices import DeviceCatalog
-
-DEVICE_TYPE_LABEL = "orchestrator.io/device-type"
-EMULATED_SPEED_LABEL = "orchestrator.io/emulated-speed"
-RAY_ACCELERATOR_LABEL = "ray.io/accelerator-type"
-
-# Ray's accelerator-type names (ray.util.accelerators) that differ from catalog names. Where Ray
-# does not say which memory size, take the smaller part: a plan that fits it fits the larger.
-RAY_ACCELERATOR_ALIASES: dict[str, str] = {
-    "A100": "A100-40",
-    "A100-40G": "A100-40",
-    "A100-80G": "A100-80",
-    "V100": "V100-16",
-    "A10G": "A10G",
-    "A10": "A10G",
-}
-
-
-def device_type_from_labels(labels: Mapping[str, str], catalog: DeviceCatalog) -> str | None:
-    """The catalog device type of a node: the project's label first, else Ray's accelerator label.
-
-    Returns ``None`` for a node that names no device type (a CPU-only head node, say).
-    Raises :class:`SpecError` when the project's label names a type the catalog lacks.
-    """
-    own = labels.get(DEVICE_TYPE_LABEL)
-    if own:
-        if own not in catalog:
-            raise SpecError(
-                f"node label {DEVICE_TYPE_LABEL}={own!r} names no known device type",
-                field=f"labels.{DEVICE_TYPE_LABEL}",
-                fix=f"use one of {', '.join(catalog.names())}",
-            )
-        return own
-    ray_type = labels.get(RAY_ACCELERATOR_LABEL)
-    if not ray_type:
-        return None
-    name = RAY_ACCELERATOR_ALIASES.get(ray_type, ray_type)
-    return name if name in catalog else None
+from orchestrator.spec.labels import DEVICE_TYPE_LABEL, EMULATED_SPEED_LABEL
 
 
 @dataclass(frozen=True, eq=True)

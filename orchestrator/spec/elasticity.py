@@ -1,0 +1,29 @@
+"""The job spec's ``elasticity`` section: how the controller adapts (see docs/controller.md).
+
+Plain validated settings; :meth:`orchestrator.control.config.ControllerConfig.from_spec` turns
+them into the controller's config and policies.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
+
+
+class ElasticitySpec(BaseModel):
+    """What a user writes under ``elasticity:`` in a job file (see docs/controller.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_devices: PositiveInt = 1
+    max_failures: NonNegativeInt = 5
+    initial_backoff_s: NonNegativeFloat = 1.0
+    backoff_multiplier: float = Field(default=2.0, ge=1.0)
+    max_backoff_s: NonNegativeFloat = 30.0
+    # The gain over the remaining steps must exceed this many times the measured switch cost.
+    switch_threshold: NonNegativeFloat = 1.0
+    # Used until the first switch (or the first launch) has been measured.
+    initial_switch_cost_s: NonNegativeFloat = 10.0
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    discovery_timeout_s: float = Field(default=300.0, gt=0)
+    straggler_threshold: float = Field(default=1.3, gt=1.0)
+    straggler_window_steps: PositiveInt = 5
