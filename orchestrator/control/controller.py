@@ -25,39 +25,36 @@
                       read every layer, stop, launch the new plan (no lost steps); a worker
                       lost while resizing goes to RECOVERING
 
-:meth:`Controller.step` does one transition or one training step; :meth:`Controller.run` loops
-until FINISHED or FAILED. The controller reaches the world only through the ports in
-``control/ports.py``; every decision goes to the run's event list, the structured log and the
-callbacks (see ``control/journal.py``). Steps are counted from 0: after ``next_step`` committed
-steps, the next step to run is ``next_step``; a checkpoint "at step c" holds the state after c
-steps.
+:meth:`Controller.step` does one transition or one training step: it hands the current state to
+its handler (``control/starting.py``, ``control/running.py``), which returns the next state, and
+is the only place that enters a state and tells the callbacks. :meth:`Controller.run` loops until
+FINISHED or FAILED, sleeping only between steps while a state waits (:func:`proceed_at_s`). The
+handlers reach the world only through the ports in ``control/ports.py``, held with the config,
+the journal and the run's ledger in a :class:`~orchestrator.control.context.RunContext`; every
+decision goes to the run's event list, the structured log and the callbacks (see
+``control/journal.py``). Steps are counted from 0: after ``next_step`` committed steps, the next
+step to run is ``next_step``; a checkpoint "at step c" holds the state after c steps.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from orchestrator.control import running, starting
 from orchestrator.control.callbacks import ControllerCallback
 from orchestrator.control.config import ControllerConfig
-from orchestrator.control.events import EventKind, RunEvent
+from orchestrator.control.context import RunContext
+from orchestrator.control.events import RunEvent
 from orchestrator.control.journal import Journal
-from orchestrator.control.measure import PlanMeasurements, SwitchCostMeter
+from orchestrator.control.ledger import RunLedger
+from orchestrator.control.measure import SwitchCostMeter
 from orchestrator.control.ports import (
     CheckpointStore,
     Clock,
     ClusterProbe,
     Planner,
-    PlanProposal,
     WorkerGroupPort,
-    WorkerLost,
-)
-from orchestrator.control.recovery import (
-    LayerState,
-    RestoreKind,
-    RestoreSource,
-    lowest_holders,
 )
 from orchestrator.control.states import (
     ControllerState,
@@ -69,12 +66,8 @@ from orchestrator.control.states import (
     RecoveringState,
     ResizingState,
     RunningState,
+    proceed_at_s,
 )
-from orchestrator.errors import TransientError
-from orchestrator.policies.failure import GiveUp
-from orchestrator.policies.straggler import StragglerDetector
-from orchestrator.spec.reports import StepReport
-from orchestrator.spec.snapshot import ClusterSnapshot, SnapshotDiff, diff_snapshots
 
 
 class Controller:
@@ -92,55 +85,76 @@ class Controller:
         callbacks: Sequence[ControllerCallback] = (),
         logger: logging.Logger | None = None,
     ) -> None:
-        self.config = config
-        self.probe = probe
-        self.workers = workers
-        self.checkpoints = checkpoints
-        self.planner = planner
-        self.clock = clock
-        self.journal = Journal(callbacks, logger)
-        self.next_step = 0
-        self.failure_count = 0
-        self.lost_steps_total = 0
-        self.snapshot: ClusterSnapshot | None = None
-        self.excluded_nodes: set[str] = set()  # lost nodes are never planned on again
-        self.slowdown_by_node: dict[str, float] = {}
-        self.proposal: PlanProposal | None = None  # the plan the workers run (or last ran)
-        self.measurements = PlanMeasurements(predicted_step_s=0.0)
-        self.switch_cost = SwitchCostMeter(config.initial_switch_cost_s)
-        self.stragglers = StragglerDetector()
-        self.last_poll_s = float("-inf")
-        self.last_checkpoint_step: int | None = None
-        self.pending_recovery: tuple[str, float] | None = None  # (cause, failure seen at)
-        self._emulated: bool | None = None
-        self.last_infeasible_nodes: frozenset[str] = frozenset()  # usable nodes when no plan fit
-        self.last_lost_steps = 0  # lost steps of the restore behind the pending recovery
+        self.ctx = RunContext.create(
+            config=config,
+            probe=probe,
+            workers=workers,
+            checkpoints=checkpoints,
+            planner=planner,
+            clock=clock,
+            callbacks=callbacks,
+            logger=logger,
+        )
         self.state: ControllerState = DiscoveringState(since_s=clock.now_s(), reason="initial")
-        self._handlers: dict[type, Callable[[ControllerState], None]] = {
-            DiscoveringState: lambda s: starting.discover(self, s),  # type: ignore[arg-type]
-            PlanningState: lambda s: starting.plan(self, s),  # type: ignore[arg-type]
-            LaunchingState: lambda s: starting.launch(self, s),  # type: ignore[arg-type]
-            RunningState: lambda s: running.run_one(self, s),  # type: ignore[arg-type]
-            RecoveringState: lambda s: running.recover(self, s),  # type: ignore[arg-type]
-            ResizingState: lambda s: running.resize(self, s),  # type: ignore[arg-type]
-        }
 
-    # -- public API ------------------------------------------------------------------------
+    # -- what the run knows (read these; the handlers write them) --------------------------
+
+    @property
+    def config(self) -> ControllerConfig:
+        return self.ctx.config
+
+    @property
+    def ledger(self) -> RunLedger:
+        return self.ctx.ledger
+
+    @property
+    def journal(self) -> Journal:
+        return self.ctx.journal
 
     @property
     def events(self) -> list[RunEvent]:
         """Every decision and observation so far, oldest first."""
-        return self.journal.events
+        return self.ctx.journal.events
+
+    @property
+    def next_step(self) -> int:
+        return self.ctx.ledger.next_step
+
+    @property
+    def failure_count(self) -> int:
+        return self.ctx.ledger.failure_count
+
+    @property
+    def lost_steps_total(self) -> int:
+        return self.ctx.ledger.lost_steps_total
+
+    @property
+    def switch_cost(self) -> SwitchCostMeter:
+        return self.ctx.ledger.switch_cost
+
+    @property
+    def planner(self) -> Planner:
+        return self.ctx.planner
+
+    @planner.setter
+    def planner(self, planner: Planner) -> None:
+        self.ctx.planner = planner
 
     @property
     def done(self) -> bool:
         return self.state.name.is_terminal
 
+    # -- stepping --------------------------------------------------------------------------
+
     def step(self) -> ControllerState:
         """Do one transition or one training step; return the state after it."""
         if not self.done:
-            self._handlers[type(self.state)](self.state)
+            self._enter(self._handle(self.state))
         return self.state
+
+    def wait_s(self) -> float:
+        """Seconds until the current state may proceed (0: step now)."""
+        return max(0.0, proceed_at_s(self.state) - self.ctx.now_s())
 
     def run(self, max_steps: int | None = None) -> ControllerState:
         """Step until FINISHED or FAILED (or ``max_steps`` calls to :meth:`step`)."""
@@ -148,278 +162,41 @@ class Controller:
         while not self.done and (max_steps is None or calls < max_steps):
             self.step()
             calls += 1
+            # Sleep between steps, never inside one, and at most a poll interval at a time.
+            wait_s = min(self.wait_s(), self.config.poll_interval_s)
+            if wait_s > 0 and not self.done:
+                self.ctx.clock.sleep(wait_s)
         return self.state
 
-    # -- helpers shared with control/running.py -------------------------------------------
+    def _handle(self, state: ControllerState) -> ControllerState:
+        ctx = self.ctx
+        match state:
+            case DiscoveringState():
+                return starting.discover(ctx, state)
+            case PlanningState():
+                return starting.plan(ctx, state)
+            case LaunchingState():
+                return starting.launch(ctx, state)
+            case RunningState():
+                return running.run_one(ctx, state)
+            case RecoveringState():
+                return running.recover(ctx, state)
+            case ResizingState():
+                return running.resize(ctx, state)
+            case FinishedState() | FailedState():
+                return state
 
-    def now_s(self) -> float:
-        return self.clock.now_s()
-
-    def enter(self, state: ControllerState) -> None:
+    def _enter(self, state: ControllerState) -> None:
         """Replace the state; tell the callbacks when its name changes."""
         previous = self.state.name
         self.state = state
         if state.name is not previous:
-            self.journal.logger.debug(
+            journal = self.ctx.journal
+            journal.logger.debug(
                 "state %s -> %s",
                 previous,
                 state.name,
                 extra={"event": {"kind": "state", "from": str(previous), "to": str(state.name)}},
             )
-            self.journal.notify("on_state", state.name)
-
-    def record(self, kind: EventKind, message: str, **data: object) -> None:
-        self.journal.record(self.now_s(), kind, message, **data)
-
-    def poll(self) -> tuple[ClusterSnapshot, SnapshotDiff]:
-        """Probe the cluster, record what changed, and remember the snapshot."""
-        snap = self.probe.snapshot()
-        first = self.snapshot is None
-        diff = diff_snapshots(self.snapshot, snap)
-        self.snapshot = snap
-        self.last_poll_s = self.now_s()
-        self.excluded_nodes.update(diff.lost)
-        if first:
-            self.record(
-                EventKind.NODE_JOINED,
-                f"discovered {len(snap.nodes)} nodes, {snap.num_devices} usable devices",
-                devices_by_type=snap.devices_by_type(),
-                nodes=sorted(snap.node_ids),
-            )
-        else:
-            for node in diff.joined:
-                self.record(
-                    EventKind.NODE_JOINED,
-                    f"node {node.node_id} joined: {node.num_devices}x {node.device_type}",
-                    node=node.node_id,
-                    device_type=node.device_type,
-                    num_devices=node.num_devices,
-                )
-            for node_id in diff.lost:
-                self.record(EventKind.NODE_LOST, f"node {node_id} left the cluster", node=node_id)
-        for node_id in diff.draining:
-            self.record(
-                EventKind.PREEMPTION_NOTICE,
-                f"node {node_id} is draining (deadline {snap.draining[node_id]})",
-                node=node_id,
-                deadline_s=snap.draining[node_id],
-            )
-        if first or not diff.empty:
-            self.journal.notify(
-                "on_devices", snap.devices_by_type(), snap.devices_by_type(draining=True)
-            )
-        if snap.emulated != self._emulated:
-            self._emulated = snap.emulated
-            self.journal.notify("on_emulated", snap.emulated)
-        return snap, diff
-
-    def plan_for(self, snap: ClusterSnapshot) -> PlanProposal:
-        """Ask the planner for a plan on the usable part of ``snap``."""
-        usable = snap.usable(self.excluded_nodes)
-        return self.planner(usable, dict(self.slowdown_by_node))
-
-    def run_meta(self) -> dict[str, object]:
-        """The run state a checkpoint carries, for a restarted controller."""
-        return {
-            "failure_count": self.failure_count,
-            "lost_steps_total": self.lost_steps_total,
-            "slowdown_by_node": dict(self.slowdown_by_node),
-            "plan": self.proposal.plan.model_dump(mode="json") if self.proposal else None,
-        }
-
-    def save_checkpoint(self) -> bool:
-        """Read every layer from the workers and save it at ``next_step``.
-
-        Raises :class:`WorkerLost`; any other error is recorded and the run goes on.
-        """
-        assert self.proposal is not None
-        started_s = self.now_s()
-        states, _ = self.read_all_layers()
-        try:
-            ref = self.checkpoints.save(self.next_step, states, self.run_meta())
-        except Exception as exc:  # a full disk must not kill a healthy run
-            self.record(
-                EventKind.CHECKPOINT,
-                f"checkpoint at step {self.next_step} failed: {exc}",
-                step=self.next_step,
-                error=str(exc),
-            )
-            return False
-        duration_s = self.now_s() - started_s
-        self.last_checkpoint_step = ref.step
-        self.record(
-            EventKind.CHECKPOINT,
-            f"checkpoint saved at step {ref.step}",
-            step=ref.step,
-            duration_s=duration_s,
-        )
-        self.journal.notify("on_checkpoint", "save", duration_s)
-        return True
-
-    def read_all_layers(
-        self, avoid_ranks: set[int] | frozenset[int] = frozenset()
-    ) -> tuple[dict[int, LayerState], dict[int, int]]:
-        """Every layer's state from the running group, and the rank each came from.
-
-        Raises :class:`WorkerLost` when some layer has no live holder: a partial read must never
-        become a checkpoint or a restore.
-        """
-        assert self.proposal is not None
-        holders = self.workers.layer_holders()
-        sources = lowest_holders(holders, avoid_ranks=avoid_ranks)
-        missing = [i for i in range(self.proposal.plan.num_layers) if i not in sources]
-        if missing:
-            placement = self.workers.placement()
-            alive = {r for ranks in holders.values() for r in ranks}
-            dead = set(placement) - alive
-            raise WorkerLost(dead, {placement[r] for r in dead}, f"no live holder of {missing}")
-        return self.workers.fetch_layer_states(sources), sources
-
-    def fail(self, reason: str, restore: RestoreSource | None = None) -> None:
-        """Stop the run with ``reason``; keep the freshest state we hold as a checkpoint."""
-        checkpoint_step = self._salvage(restore)
-        self.stop_workers()
-        resume = (
-            f"resume from the checkpoint at step {checkpoint_step}"
-            if checkpoint_step is not None
-            else "no checkpoint to resume from"
-        )
-        self.record(
-            EventKind.FAILED,
-            f"run failed: {reason}; {resume}",
-            reason=reason,
-            checkpoint_step=checkpoint_step,
-            steps_done=self.next_step,
-        )
-        self.enter(FailedState(self.now_s(), reason=reason, checkpoint_step=checkpoint_step))
-
-    def on_failure(
-        self,
-        error: WorkerLost | TransientError,
-        *,
-        restore: RestoreSource | None = None,
-        prior: RecoveringState | None = None,
-    ) -> None:
-        """Count a failure against the budget and go to RECOVERING, or FAILED when spent."""
-        now_s = self.now_s()
-        ranks = frozenset(getattr(error, "ranks", ()))
-        nodes = frozenset(getattr(error, "nodes", ()))
-        self.excluded_nodes.update(nodes)
-        self.failure_count += 1
-        self.switch_cost.cancel()
-        where = str(self.state.name)
-        cause = f"{error} (while {where})"
-        self.record(
-            EventKind.FAILURE,
-            f"failure {self.failure_count} at step {self.next_step}: {cause}",
-            failure_count=self.failure_count,
-            step=self.next_step,
-            state=where,
-            lost_ranks=sorted(ranks),
-            lost_nodes=sorted(nodes),
-        )
-        if self.pending_recovery is None:
-            self.pending_recovery = (cause, now_s)
-        decision = self.config.failure.decide(self.failure_count, cause)
-        if isinstance(decision, GiveUp):
-            self.fail(decision.reason, restore or (prior.restore if prior else None))
-            return
-        if prior is not None:  # a failure while recovering: the earlier losses still count
-            ranks, nodes = ranks | prior.lost_ranks, nodes | prior.lost_nodes
-            restore = restore or prior.restore
-        self.record(
-            EventKind.FAILURE,
-            f"retrying in {decision.after_s:.1f} s "
-            f"({decision.failures_left} failures left in the budget)",
-            backoff_s=decision.after_s,
-            failures_left=decision.failures_left,
-        )
-        self.enter(
-            RecoveringState(
-                since_s=now_s,
-                lost_nodes=nodes,
-                lost_ranks=ranks,
-                cause=cause,
-                retry_at_s=now_s + decision.after_s,
-                restore=restore,
-            )
-        )
-
-    def commit(self, report: StepReport) -> None:
-        """Account for a committed step."""
-        assert report.step == self.next_step, (report.step, self.next_step)
-        assert self.proposal is not None
-        self.next_step += 1
-        self.measurements.observe(report.step_duration_s)
-        self.journal.notify("on_step", report, self.proposal.predicted_step_s)
-        expected_s = self.proposal.predicted_step_s * self.measurements.calibration
-        cost_s = self.switch_cost.first_step_done(self.now_s(), expected_s)
-        if cost_s is not None:
-            self.record(
-                EventKind.PLAN_CHOSEN,
-                f"plan change overhead measured: {cost_s:.2f} s without training "
-                f"(switch cost estimate now {self.switch_cost.estimate_s:.2f} s)",
-                switch_cost_s=cost_s,
-                estimate_s=self.switch_cost.estimate_s,
-            )
-        if self.pending_recovery is not None:
-            cause, since_s = self.pending_recovery
-            self.pending_recovery = None
-            duration_s = self.now_s() - since_s
-            lost = self.last_lost_steps
-            self.record(
-                EventKind.RECOVERY,
-                f"recovered: step {report.step} done {duration_s:.2f} s after the failure, "
-                f"{lost} steps lost",
-                recovery_s=duration_s,
-                lost_steps=lost,
-                step=report.step,
-                cause=cause,
-            )
-            self.journal.notify("on_recovery", cause, duration_s, lost)
-
-    def finish(self) -> None:
-        """All steps done: save the final state, stop the workers."""
-        try:
-            if self.last_checkpoint_step != self.next_step:
-                self.save_checkpoint()
-        except WorkerLost as exc:
-            # Every step is committed; only the final checkpoint is missing. Recover to save it.
-            self.on_failure(exc)
-            return
-        self.stop_workers()
-        self.record(
-            EventKind.FINISHED,
-            f"finished {self.next_step} steps: {self.failure_count} failures, "
-            f"{self.lost_steps_total} steps lost",
-            steps=self.next_step,
-            failure_count=self.failure_count,
-            lost_steps_total=self.lost_steps_total,
-        )
-        self.enter(FinishedState(self.now_s(), steps=self.next_step))
-
-    # -- internals ---------------------------------------------------------------------------
-
-    def _salvage(self, restore: RestoreSource | None) -> int | None:
-        """Save state read from survivors if it is newer than the latest checkpoint."""
-        latest = self.checkpoints.latest()
-        latest_step = latest.step if latest else None
-        if restore is None or restore.kind is not RestoreKind.REPLICAS or not restore.states:
-            return latest_step
-        if latest_step is not None and latest_step >= restore.resume_step:
-            return latest_step
-        try:
-            ref = self.checkpoints.save(restore.resume_step, restore.states, self.run_meta())
-        except Exception as exc:
-            self.record(EventKind.CHECKPOINT, f"final checkpoint failed: {exc}", error=str(exc))
-            return latest_step
-        self.record(
-            EventKind.CHECKPOINT, f"saved survivors' state at step {ref.step}", step=ref.step
-        )
-        return ref.step
-
-    def stop_workers(self) -> None:
-        try:
-            self.workers.stop()
-        except Exception as exc:  # stop is best effort: the workers may be gone already
-            self.journal.logger.warning("stopping workers failed: %s", exc)
+            name = state.name
+            journal.notify("on_state", lambda cb: cb.on_state(name))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
 
 from orchestrator.control.callbacks import ControllerCallback
@@ -58,14 +58,15 @@ class Journal:
             message,
             extra={"event": {"kind": kind.value, "time_s": time_s, "message": message, **clean}},
         )
-        self.notify("on_event", event)
+        self.notify("on_event", lambda cb: cb.on_event(event))
         return event
 
-    def notify(self, hook: str, *args: object) -> None:
-        """Call ``hook`` on every callback; a raising callback is logged and skipped."""
+    def notify(self, hook: str, call: Callable[[ControllerCallback], None]) -> None:
+        """``call(callback)`` for every callback (``hook`` names the method, for the log); a
+        raising callback is logged and skipped."""
         for callback in self.callbacks:
             try:
-                getattr(callback, hook)(*args)
+                call(callback)
             except Exception:  # a broken exporter must never fail the run
                 self.callback_errors += 1
                 self.logger.exception(

@@ -1,7 +1,9 @@
 """The controller's states, each carrying what the next transition needs.
 
 The state *type* knows its :class:`ControllerStateName` (and so whether it is terminal); the
-controller keeps exactly one state object at a time and replaces it on every transition.
+controller keeps exactly one state object at a time and replaces it on every transition. A state
+that waits (for devices, for a retry, for a failure's backoff) carries the time it may proceed
+(:func:`proceed_at_s`): stepping it earlier returns it unchanged, so no step ever blocks.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class DiscoveringState:
     reason: str  # "initial", "restart", "failure", ...
     restore: RestoreSource | None = None  # None: decide at start (checkpoint or fresh)
     waiting_for: str = ""  # why the last attempt could not plan
+    retry_at_s: float = float("-inf")  # when to look again
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class PlanningState:
     since_s: float
     reason: str
     restore: RestoreSource
+    retry_at_s: float = float("-inf")  # after a transient planner error: when to try again
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class RecoveringState:
 
     ``restore`` is set when the state to resume from is already in hand (a launch failed after
     states were read); otherwise recovery reads it from the survivors or the checkpoint.
+    ``ready``: the restore is chosen and the old group stopped; only the backoff is left.
     """
 
     name: ClassVar[ControllerStateName] = ControllerStateName.RECOVERING
@@ -65,6 +70,7 @@ class RecoveringState:
     cause: str
     retry_at_s: float
     restore: RestoreSource | None = None
+    ready: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,3 +115,14 @@ ControllerState = (
     | FinishedState
     | FailedState
 )
+
+
+def proceed_at_s(state: ControllerState) -> float:
+    """When ``state`` may next make progress (``-inf``: now)."""
+    match state:
+        case DiscoveringState() | PlanningState():
+            return state.retry_at_s
+        case RecoveringState(ready=True):
+            return state.retry_at_s
+        case _:
+            return float("-inf")

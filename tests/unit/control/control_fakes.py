@@ -331,8 +331,17 @@ class Harness:
         for _ in range(limit):
             if predicate(self.controller):
                 return seen
-            seen.append(str(self.controller.step().name))
+            seen.append(str(self.step().name))
         raise AssertionError(f"condition not reached in {limit} steps; states {seen[-20:]}")
+
+    def step(self) -> object:
+        """One controller step, then the fake clock sleeps what the state waits (as ``run()``
+        would, between steps)."""
+        state = self.controller.step()
+        wait_s = self.controller.wait_s()
+        if wait_s > 0:
+            self.clock.sleep(wait_s)
+        return state
 
     def final_layer_states(self) -> dict[int, object]:
         """The layers of the newest checkpoint (the run saves one at the end)."""

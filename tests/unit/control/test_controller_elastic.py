@@ -30,13 +30,13 @@ def test_join_switches_when_the_gain_over_the_remaining_steps_beats_the_switch_c
     h.cluster.add("big", "A100-80", 2)
     h.clock.advance(1.0)  # the next step() polls
     c = h.controller
-    assert isinstance(c.step(), ResizingState)
+    assert isinstance(h.step(), ResizingState)
     (decision,) = c.journal.of_kind(EventKind.REPLAN)
     # gain = (16 - 2) x 45 remaining = 630 s; cost = the initial launch's measured 2 s
     assert decision.data["gain_s"] == pytest.approx(630.0)
     assert decision.data["switch_cost_s"] == pytest.approx(2.0)
-    assert c.step().name is ControllerStateName.LAUNCHING
-    assert c.step().name is RUNNING
+    assert h.step().name is ControllerStateName.LAUNCHING
+    assert h.step().name is RUNNING
     plan, restore = h.workers.launches[-1]
     assert _nodes_of(plan) == {"t", "big"}
     assert (restore.kind, restore.resume_step, restore.lost_steps) == (RestoreKind.REPLICAS, 5, 0)
@@ -53,7 +53,7 @@ def test_join_near_the_end_keeps_the_plan_and_logs_the_numbers():
     h.cluster.add("t3", "T4", 1)
     h.clock.advance(1.0)
     c = h.controller
-    assert c.step().name is RUNNING  # decided, then trained one step
+    assert h.step().name is RUNNING  # decided, then trained one step
     (skipped,) = c.journal.of_kind(EventKind.REPLAN_SKIPPED)
     # gain = (8 - 6) x 2 steps left = 4 s <= 30 s
     assert skipped.data["gain_s"] == pytest.approx(4.0)
@@ -68,10 +68,9 @@ def test_worker_lost_while_resizing_goes_to_recovery_without_losing_steps():
     _running_at(h, 6)
     h.cluster.add("c", "A100-80", 2)
     h.clock.advance(1.0)
-    c = h.controller
-    assert isinstance(c.step(), ResizingState)
+    assert isinstance(h.step(), ResizingState)
     h.cluster.kill("a", noticed=False)
-    assert c.step().name is ControllerStateName.RECOVERING
+    assert h.step().name is ControllerStateName.RECOVERING
     h.states_until(lambda c: c.state.name is RUNNING)
     plan, restore = h.workers.launches[-1]
     assert "a" not in _nodes_of(plan) and restore.kind is RestoreKind.REPLICAS
@@ -84,7 +83,7 @@ def test_a_node_joining_during_recovery_is_in_the_new_plan():
     _running_at(h, 8)
     h.cluster.kill("b")
     c = h.controller
-    assert c.step().name is ControllerStateName.RECOVERING
+    assert h.step().name is ControllerStateName.RECOVERING
     h.cluster.add("l4", "L4", 1)
     h.states_until(lambda c: c.state.name is RUNNING)
     plan, restore = h.workers.launches[-1]
@@ -136,12 +135,12 @@ def test_preemption_notice_evacuates_before_the_deadline_without_lost_steps():
     h.cluster.drain("b", deadline_s=h.clock.now_s() + 30.0)
     h.clock.advance(1.0)
     c = h.controller
-    assert c.step().name is ControllerStateName.RESIZING
+    assert h.step().name is ControllerStateName.RESIZING
     notice = [
         e for e in c.journal.of_kind(EventKind.PREEMPTION_NOTICE) if "evacuating" in e.message
     ]
     assert notice and notice[0].data["slack_s"] == pytest.approx(29.0)
-    assert c.step().name is ControllerStateName.PLANNING  # state read, old group stopped
+    assert h.step().name is ControllerStateName.PLANNING  # state read, old group stopped
     h.states_until(lambda c: c.state.name is RUNNING)
     assert h.clock.now_s() < h.cluster.draining["b"]  # all of it before the deadline
     plan, restore = h.workers.launches[-1]
@@ -162,7 +161,7 @@ def test_a_notice_seen_after_its_deadline_is_treated_as_a_failure():
     h.cluster.drain("b", deadline_s=h.clock.now_s() + 4.0)  # inside the 5 s safety margin
     h.clock.advance(1.0)
     c = h.controller
-    assert c.step().name is ControllerStateName.RECOVERING
+    assert h.step().name is ControllerStateName.RECOVERING
     assert c.failure_count == 1 and "preemption deadline passed" in c.state.cause
     assert any("passed" in e.message for e in c.journal.of_kind(EventKind.PREEMPTION_NOTICE))
     h.states_until(lambda c: c.done)
@@ -184,8 +183,8 @@ def test_deadline_passing_during_evacuation_falls_back_to_the_checkpoint():
     h.workers.fetch_s = 3.0
     h.clock.advance(1.0)
     c = h.controller
-    assert c.step().name is ControllerStateName.RESIZING
-    assert c.step().name is ControllerStateName.RECOVERING  # b died at the deadline mid-read
+    assert h.step().name is ControllerStateName.RESIZING
+    assert h.step().name is ControllerStateName.RECOVERING  # b died at the deadline mid-read
     h.states_until(lambda c: c.state.name is RUNNING)
     plan, restore = h.workers.launches[-1]
     assert [s.node for s in plan.replicas[0].stages] == ["a", "c"]

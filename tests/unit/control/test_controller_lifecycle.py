@@ -50,7 +50,7 @@ def test_happy_path_goes_discovering_planning_launching_running_finished():
     h = make_harness(total_steps=12, checkpoint_interval_steps=5)
     c = h.controller
     assert c.state.name is ControllerStateName.DISCOVERING
-    assert [str(c.step().name) for _ in range(3)] == ["planning", "launching", "running"]
+    assert [str(h.step().name) for _ in range(3)] == ["planning", "launching", "running"]
     h.states_until(lambda c: c.done)
     assert isinstance(c.state, FinishedState) and c.state.steps == 12
     assert h.workers.steps_run == list(range(12))
@@ -100,11 +100,11 @@ def test_waits_for_minimum_devices_then_plans_when_a_node_joins():
     h = make_harness([("a", "T4", 1)], min_devices=2, poll_interval_s=1.0)
     c = h.controller
     for _ in range(3):
-        assert isinstance(c.step(), DiscoveringState)
+        assert isinstance(h.step(), DiscoveringState)
     assert c.state.waiting_for == "1 usable devices, need 2"
-    assert h.clock.sleeps == [1.0, 1.0, 1.0]
+    assert h.clock.sleeps == [1.0, 1.0, 1.0]  # one poll interval between looks
     h.cluster.add("b", "T4", 1)
-    assert c.step().name is ControllerStateName.PLANNING
+    assert h.step().name is ControllerStateName.PLANNING
 
 
 def test_gives_up_waiting_for_devices_after_the_discovery_timeout():
@@ -120,32 +120,32 @@ def test_no_plan_fits_waits_for_a_change_then_plans():
     h = make_harness([("a", "T4", 1)])
     h.planner.errors.append(InfeasibleError("model needs 40 GiB, T4 has 15 GiB", field="model"))
     c = h.controller
-    c.step()  # discovering -> planning
-    assert c.step().name is ControllerStateName.DISCOVERING  # no plan fits
+    h.step()  # discovering -> planning
+    assert h.step().name is ControllerStateName.DISCOVERING  # no plan fits
     assert "no plan fits" in c.state.waiting_for
     calls = len(h.planner.calls)
-    c.step()  # same nodes: wait, do not ask the planner again
+    h.step()  # same nodes: wait a poll interval, do not ask the planner again
     assert len(h.planner.calls) == calls and c.state.name is ControllerStateName.DISCOVERING
     h.cluster.add("b", "A100-80", 2)
-    assert c.step().name is ControllerStateName.PLANNING
-    assert c.step().name is ControllerStateName.LAUNCHING
+    assert h.step().name is ControllerStateName.PLANNING
+    assert h.step().name is ControllerStateName.LAUNCHING
 
 
 def test_probe_errors_while_discovering_are_retried():
     h = make_harness()
     h.cluster.probe_errors = 2
     c = h.controller
-    assert c.step().name is ControllerStateName.DISCOVERING
+    assert h.step().name is ControllerStateName.DISCOVERING
     assert "probe failed" in c.state.waiting_for
-    c.step()
-    assert c.step().name is ControllerStateName.PLANNING
+    h.step()
+    assert h.step().name is ControllerStateName.PLANNING
 
 
 def test_controller_restart_resumes_from_the_checkpoint_and_run_state():
     store = FakeCheckpointStore()
     first = make_harness(total_steps=20, checkpoint_interval_steps=5, store=store)
     first.states_until(lambda c: c.next_step == 13)
-    first.controller.failure_count = 2  # as if two failures had happened
+    first.controller.ledger.failure_count = 2  # as if two failures had happened
     first.states_until(lambda c: c.next_step == 16)  # checkpoint at 15 carries the run state
     # The driver dies here. A new controller on the same store and cluster takes over.
     second = make_harness(total_steps=20, checkpoint_interval_steps=5, store=store)

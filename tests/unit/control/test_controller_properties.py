@@ -78,7 +78,7 @@ def _drive(actions, *, keep_replica: bool):
         for at, action, pick in actions:
             if at == call:
                 _apply(h, action, pick, keep_replica=keep_replica)
-        c.step()
+        h.step()
         counters.append(c.next_step)
     return h, counters
 
