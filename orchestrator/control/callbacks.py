@@ -6,7 +6,7 @@ controller wraps each call so that a broken exporter never fails a training run.
 
 from __future__ import annotations
 
-from orchestrator.control.events import ControllerStateName, RunEvent
+from orchestrator.control.events import ControllerStateName, PlanReason, RunEvent
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import StepReport
 
@@ -25,10 +25,9 @@ class ControllerCallback:
         plan: Plan,
         predicted_step_s: float,
         bound_step_s: float,
-        reason: str,
+        reason: PlanReason,
     ) -> None:
-        """A plan was put into effect; ``reason`` is "initial", "failure", "join", "straggler",
-        "preemption" or "restart"."""
+        """A plan was put into effect, for ``reason``."""
 
     def on_step(self, report: StepReport, predicted_step_s: float) -> None:
         """A step was committed."""

@@ -45,7 +45,7 @@ from orchestrator.control import running, starting
 from orchestrator.control.callbacks import ControllerCallback
 from orchestrator.control.config import ControllerConfig
 from orchestrator.control.context import RunContext
-from orchestrator.control.events import RunEvent
+from orchestrator.control.events import PlanReason, RunEvent
 from orchestrator.control.journal import Journal
 from orchestrator.control.ledger import RunLedger
 from orchestrator.control.measure import SwitchCostMeter
@@ -95,7 +95,9 @@ class Controller:
             callbacks=callbacks,
             logger=logger,
         )
-        self.state: ControllerState = DiscoveringState(since_s=clock.now_s(), reason="initial")
+        self.state: ControllerState = DiscoveringState(
+            since_s=clock.now_s(), reason=PlanReason.INITIAL
+        )
 
     # -- what the run knows (read these; the handlers write them) --------------------------
 

@@ -28,6 +28,17 @@ class ControllerStateName(StrEnum):
         return self in (ControllerStateName.FINISHED, ControllerStateName.FAILED)
 
 
+class PlanReason(StrEnum):
+    """Why the controller looked for a plan, and why the plan it runs was put into effect."""
+
+    INITIAL = "initial"
+    RESTART = "restart"  # a new controller resumed from a checkpoint
+    FAILURE = "failure"
+    JOIN = "join"
+    STRAGGLER = "straggler"
+    PREEMPTION = "preemption"
+
+
 class EventKind(StrEnum):
     PLAN_CHOSEN = "plan_chosen"
     REPLAN = "replan"

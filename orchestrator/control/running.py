@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from orchestrator.control.context import RunContext
-from orchestrator.control.events import EventKind
+from orchestrator.control.events import EventKind, PlanReason
 from orchestrator.control.ports import WorkerLost
 from orchestrator.control.recovery import (
     RestoreKind,
@@ -106,14 +106,14 @@ def _react(
             nodes=list(decision.node_ids),
             slack_s=decision.slack_s,
         )
-        return ResizingState(ctx.now_s(), "preemption", None, frozenset(decision.node_ids))
+        return ResizingState(ctx.now_s(), PlanReason.PREEMPTION, None, frozenset(decision.node_ids))
     if diff.joined or diff.changed:
-        return _consider_switch(ctx, s, snap, "join")
+        return _consider_switch(ctx, s, snap, PlanReason.JOIN)
     return None
 
 
 def _consider_switch(
-    ctx: RunContext, s: RunningState, snap: ClusterSnapshot, trigger: str
+    ctx: RunContext, s: RunningState, snap: ClusterSnapshot, trigger: PlanReason
 ) -> ResizingState | None:
     """Ask the planner for a candidate and apply the switch rule: RESIZING, or None to keep on."""
     led = ctx.ledger
@@ -174,7 +174,7 @@ def _on_stragglers(
         led.slowdown_by_node[node] = led.slowdown_by_node.get(node, 1.0) * factor
     if led.snapshot is None:
         return None
-    return _consider_switch(ctx, s, led.snapshot, "straggler")
+    return _consider_switch(ctx, s, led.snapshot, PlanReason.STRAGGLER)
 
 
 # -- RECOVERING --------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def recover(ctx: RunContext, s: RecoveringState) -> ControllerState:
     if ctx.now_s() < s.retry_at_s:
         return s
     assert s.restore is not None
-    return PlanningState(ctx.now_s(), "failure", s.restore)
+    return PlanningState(ctx.now_s(), PlanReason.FAILURE, s.restore)
 
 
 def _capture_after_failure(ctx: RunContext, s: RecoveringState) -> RestoreSource:

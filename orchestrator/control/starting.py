@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from orchestrator.control.context import RunContext
-from orchestrator.control.events import EventKind
+from orchestrator.control.events import EventKind, PlanReason
 from orchestrator.control.measure import PlanMeasurements
 from orchestrator.control.ports import PlanProposal, WorkerLost
 from orchestrator.control.recovery import RestoreKind, RestoreSource, with_layer_sources
@@ -58,11 +58,11 @@ def wait_for_devices(ctx: RunContext, s: DiscoveringState, why: str) -> Controll
     return replace(s, waiting_for=why, retry_at_s=now_s + ctx.config.poll_interval_s)
 
 
-def initial_restore(ctx: RunContext) -> tuple[str, RestoreSource]:
+def initial_restore(ctx: RunContext) -> tuple[PlanReason, RestoreSource]:
     """Where a new controller starts: the latest checkpoint and its run state, else the seed."""
     ref = ctx.checkpoints.latest()
     if ref is None:
-        return "initial", RestoreSource.fresh()
+        return PlanReason.INITIAL, RestoreSource.fresh()
     meta = ref.manifest.get("meta", ref.manifest)
     assert isinstance(meta, dict)
     led = ctx.ledger
@@ -77,7 +77,7 @@ def initial_restore(ctx: RunContext) -> tuple[str, RestoreSource]:
         checkpoint_step=ref.step,
         failure_count=led.failure_count,
     )
-    return "restart", RestoreSource.from_checkpoint(ref, next_step=ref.step)
+    return PlanReason.RESTART, RestoreSource.from_checkpoint(ref, next_step=ref.step)
 
 
 def plan(ctx: RunContext, s: PlanningState) -> ControllerState:

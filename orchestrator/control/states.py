@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from orchestrator.control.events import ControllerStateName
+from orchestrator.control.events import ControllerStateName, PlanReason
 from orchestrator.control.ports import PlanProposal
 from orchestrator.control.recovery import RestoreSource
 
@@ -22,7 +22,7 @@ class DiscoveringState:
 
     name: ClassVar[ControllerStateName] = ControllerStateName.DISCOVERING
     since_s: float
-    reason: str  # "initial", "restart", "failure", ...
+    reason: PlanReason
     restore: RestoreSource | None = None  # None: decide at start (checkpoint or fresh)
     waiting_for: str = ""  # why the last attempt could not plan
     retry_at_s: float = float("-inf")  # when to look again
@@ -32,7 +32,7 @@ class DiscoveringState:
 class PlanningState:
     name: ClassVar[ControllerStateName] = ControllerStateName.PLANNING
     since_s: float
-    reason: str
+    reason: PlanReason
     restore: RestoreSource
     retry_at_s: float = float("-inf")  # after a transient planner error: when to try again
 
@@ -41,7 +41,7 @@ class PlanningState:
 class LaunchingState:
     name: ClassVar[ControllerStateName] = ControllerStateName.LAUNCHING
     since_s: float
-    reason: str
+    reason: PlanReason
     proposal: PlanProposal
     restore: RestoreSource
 
@@ -50,7 +50,7 @@ class LaunchingState:
 class RunningState:
     name: ClassVar[ControllerStateName] = ControllerStateName.RUNNING
     since_s: float
-    reason: str  # why this plan is running ("initial", "failure", "join", ...)
+    reason: PlanReason  # why this plan is running
     proposal: PlanProposal
 
 
@@ -83,7 +83,7 @@ class ResizingState:
 
     name: ClassVar[ControllerStateName] = ControllerStateName.RESIZING
     since_s: float
-    reason: str
+    reason: PlanReason
     proposal: PlanProposal | None
     evacuate_nodes: frozenset[str] = frozenset()
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import ray
 
+from orchestrator.spec.model import Optimizer, Schedule
+
 
 @dataclass(frozen=True)
 class WorkerJob:
@@ -26,8 +28,8 @@ class WorkerJob:
     model_factory: str
     model_kwargs: dict[str, Any]
     data: dict[str, Any]
-    schedule: str = "1f1b"
-    optimizer: str = "adam"
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    optimizer: Optimizer = Optimizer.ADAM
     learning_rate: float = 3e-4
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)

@@ -29,8 +29,8 @@ def worker_job(job: JobSpec, job_file: Path | str) -> WorkerJob:
             "dataset_factory": job.data.dataset,
             "dataset_kwargs": tuple(sorted(job.data.kwargs.items())),
         },
-        schedule=job.training.schedule.value,
-        optimizer=job.training.optimizer.value,
+        schedule=job.training.schedule,
+        optimizer=job.training.optimizer,
         learning_rate=job.training.learning_rate,
         seed=job.training.seed,
     )

@@ -9,7 +9,6 @@ join. See docs/job.md. Pure data: no ray or torch here; the runtime turns it int
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,7 +23,7 @@ from pydantic import (
 )
 
 from orchestrator.spec.elasticity import ElasticitySpec
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import ModelSpec, Schedule, TrainingSpec
 
 JOB_FORMAT = "orchestrator-job/v1"
 
@@ -40,13 +39,6 @@ def _check_import_path(value: str) -> str:
 
 
 ImportPath = Annotated[str, AfterValidator(_check_import_path)]
-
-
-class Schedule(StrEnum):
-    """Pipeline schedules the workers run."""
-
-    ONE_F_ONE_B = "1f1b"
-    GPIPE = "gpipe"
 
 
 class ModelSection(BaseModel):

@@ -81,6 +81,13 @@ class ModelSpec(BaseModel):
         return sum(self.layer_params(i) for i in range(self.num_planner_layers))
 
 
+class Schedule(StrEnum):
+    """Pipeline schedules the workers run."""
+
+    ONE_F_ONE_B = "1f1b"
+    GPIPE = "gpipe"
+
+
 class Optimizer(StrEnum):
     ADAM = "adam"
     SGD = "sgd"

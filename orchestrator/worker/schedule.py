@@ -17,16 +17,11 @@ stage, hence no deadlock.
 
 from __future__ import annotations
 
-from enum import StrEnum
+from orchestrator.spec.model import Schedule
 
 Action = tuple[str, int]
 FORWARD = "F"
 BACKWARD = "B"
-
-
-class Schedule(StrEnum):
-    ONE_F_ONE_B = "1f1b"
-    GPIPE = "gpipe"
 
 
 def microbatch_sizes(batch_size: int, microbatch_size: int) -> list[int]:
