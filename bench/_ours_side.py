@@ -4,18 +4,15 @@ The controller actor (``orchestrator.runtime.elastic``) trains on the benchmark'
 driver polls it, SIGKILLs a node that hosts a worker once ``crash_at_step`` steps are committed,
 adds a node once training has gone on after the recovery, and reads the figures from the
 controller's events (wall-clock times: the recovery event is recorded when the first step after
-the failure completes) and its per-step lines.
+the failure completes) and its typed step updates.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-
-_STEP_LINE = re.compile(r"^step (?P<done>\d+)/\d+ .* (?P<rate>[0-9.]+) samples/s")
 
 
 def _worker_nodes() -> list[str]:
@@ -30,29 +27,25 @@ def _worker_nodes() -> list[str]:
 
 
 class _Follower:
-    """Polls the controller actor: progress lines, committed steps, events."""
+    """Follows the run's handle: typed step updates, committed steps, events."""
 
-    def __init__(self, actor: Any) -> None:
-        import ray
-
-        self.actor = actor
-        self.done_ref = actor.run.remote()
-        self.cursor = 0
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
         self.rates: list[tuple[float, int, float]] = []  # (wall time, steps done, samples/s)
         self.status: dict[str, Any] = {}
-        self._ray = ray
 
     def poll(self) -> bool:
         """One poll; True when the run ended."""
-        ready, _ = self._ray.wait([self.done_ref], timeout=0.1)
-        lines, self.cursor = self._ray.get(self.actor.progress.remote(self.cursor))
+        from orchestrator.runtime.elastic.updates import StepDone
+
+        done = self.handle.wait(0.1)
         now_s = time.time()
-        for line in lines:
-            match = _STEP_LINE.match(line)
-            if match:
-                self.rates.append((now_s, int(match["done"]), float(match["rate"])))
-        self.status = self._ray.get(self.actor.status.remote()).to_json()
-        return bool(ready)
+        for update in self.handle.updates():
+            if isinstance(update, StepDone):
+                rate = update.report.throughput_samples_per_s
+                self.rates.append((now_s, update.report.step + 1, rate))
+        self.status = self.handle.status().to_json()
+        return bool(done)
 
     @property
     def steps(self) -> int:
@@ -84,20 +77,18 @@ def run_ours(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     """Train the job with our controller actor; crash a worker's node, later add a node."""
-    import ray
-
-    from orchestrator.runtime.elastic.controller_actor import start_controller
+    from orchestrator.runtime.elastic.controller_actor import RunHandle
     from orchestrator.runtime.elastic.session import ElasticJob
 
     spec = ElasticJob.from_file(job_file)
     job = spec.job
-    actor = start_controller(spec)
+    handle = RunHandle.start(spec)
     try:
-        follower = _Follower(actor)
+        follower = _Follower(handle)
         return _drive(follower, cluster, job, crash_at_step, steps_before_join, join_kind,
                       limit_s, log)  # fmt: skip
     finally:
-        ray.kill(actor, no_restart=True)
+        handle.stop()
 
 
 def _drive(

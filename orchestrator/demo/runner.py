@@ -10,16 +10,18 @@ and starts the joining node at ``join_at_step``. Everything started here is stop
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.demo.cluster import ClusterNode, LocalCluster
 from orchestrator.demo.output import DemoOutput, ray_output_to
 from orchestrator.demo.scenario import DemoScenario, write_job
 from orchestrator.demo.summary import DemoSummary, build_summary
-from orchestrator.demo.timeline import Timeline
+from orchestrator.demo.timeline import PlanLog, Timeline
+
+if TYPE_CHECKING:  # the runtime (and Ray) load only when training starts
+    from orchestrator.runtime.elastic.controller_actor import RunHandle
 
 POLL_S = 0.25
 
@@ -101,9 +103,8 @@ def _wait_for_nodes(count: int, timeout_s: float = 30.0) -> None:
 def _train(
     scenario: DemoScenario, job_file: Path, cluster: LocalCluster, output: DemoOutput
 ) -> tuple[Timeline, dict[str, Any]]:
-    import ray
 
-    from orchestrator.runtime.elastic.controller_actor import start_controller
+    from orchestrator.runtime.elastic.controller_actor import RunHandle
     from orchestrator.runtime.elastic.session import ElasticJob
     from orchestrator.telemetry.logs import progress
 
@@ -111,45 +112,49 @@ def _train(
     job = spec.job
     timeline = Timeline(job.training.global_batch_size)
     output.line(f"training {job.model.shape.name} for {scenario.steps} steps (elastic controller)")
-    actor = start_controller(spec)
+    handle = RunHandle.start(spec)
     try:
         with progress("training", scenario.steps, console=output.console) as bar:
             output.attach_bar(output.console)
             try:
-                summary = _follow(actor, scenario, cluster, timeline, output, bar)
+                summary = _follow(handle, scenario, cluster, timeline, output, bar)
             finally:
                 output.attach_bar(None)
     finally:
-        with contextlib.suppress(Exception):
-            ray.kill(actor, no_restart=True)
+        handle.stop()
     return timeline, summary
 
 
 def _follow(
-    actor: Any,
+    handle: RunHandle,
     scenario: DemoScenario,
     cluster: LocalCluster,
     timeline: Timeline,
     output: DemoOutput,
     bar: Any,
 ) -> dict[str, Any]:
-    """Poll the controller; print its decisions; crash and add nodes on schedule."""
-    import ray
+    """Follow the run's typed updates; print its decisions; crash and add nodes on schedule."""
+    from orchestrator.runtime.elastic.session import describe_plan
+    from orchestrator.runtime.elastic.updates import PlanApplied, StepDone
 
-    done_ref = actor.run.remote()
-    cursor = 0
     last_printed = 0
+    steps = 0
     while True:
-        ready, _ = ray.wait([done_ref], timeout=POLL_S)
-        lines, cursor = ray.get(actor.progress.remote(cursor))
+        done = handle.wait(POLL_S)
         now_s = time.time()
-        for line in lines:
-            timeline.add_line(now_s, line)
-            if not line.startswith("step "):
+        for update in handle.updates():
+            if isinstance(update, PlanApplied):
+                devices = update.plan.device_counts()
+                replicas = [line.strip() for line in describe_plan(update.plan)]
+                log = PlanLog(now_s, update.reason, devices, update.predicted_step_s, replicas)
+                timeline.add_plan(now_s, log)
+            elif isinstance(update, StepDone):
+                steps = update.report.step + 1
+        for line in handle.lines():
+            if not line.startswith("step "):  # step lines become the progress bar instead
                 output.line(line)
-        if ready:
-            return dict(ray.get(done_ref).to_json())
-        steps = ray.get(actor.status.remote()).steps
+        if done:
+            return handle.result().to_json()
         timeline.record(time.time(), steps)
         bar.update(completed=steps)
         if not output.is_terminal and steps >= last_printed + 10:

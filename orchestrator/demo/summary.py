@@ -8,7 +8,6 @@ added nodes, and the committed step count over time). Pure: no Ray.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,34 +80,17 @@ def _finite(value: Any) -> Any:
 
 
 def _plan_views(timeline: Timeline) -> list[PlanView]:
-    """Every plan put into effect, from the controller's ``plan (...)`` lines:
-    ``plan (planner): A100-80 x2; predicted step 0.0994 s (emulated) [initial]``."""
-    views = []
-    for log in timeline.plans:
-        match = _PLAN_HEADER.match(log.header)
-        if match is None:
-            continue
-        devices = {}
-        for part in match["devices"].split(","):
-            name, _, count = part.strip().rpartition(" x")
-            if name and count.isdigit():
-                devices[name] = int(count)
-        views.append(
-            PlanView(
-                reason=match["reason"],
-                time_s=log.time_s,
-                devices=devices,
-                predicted_step_s=float(match["predicted"]),
-                replicas=list(log.replicas),
-            )
+    """Every plan put into effect, from the run's typed plan updates."""
+    return [
+        PlanView(
+            reason=log.reason,
+            time_s=log.time_s,
+            devices=dict(log.devices),
+            predicted_step_s=log.predicted_step_s,
+            replicas=list(log.replicas),
         )
-    return views
-
-
-_PLAN_HEADER = re.compile(
-    r"^plan \([^)]*\): (?P<devices>[^;]*); predicted step (?P<predicted>[0-9.eE+-]+) s"
-    r".*\[(?P<reason>[^\]]+)\]$"
-)
+        for log in timeline.plans
+    ]
 
 
 def _after(

@@ -19,10 +19,12 @@ class Sample:
 
 @dataclass
 class PlanLog:
-    """A plan put into effect, as the controller's progress lines describe it."""
+    """A plan put into effect: why, on which devices, predicted step time, per-replica lines."""
 
     time_s: float
-    header: str
+    reason: str
+    devices: dict[str, int]
+    predicted_step_s: float
     replicas: list[str] = field(default_factory=list)
 
 
@@ -44,12 +46,10 @@ class Timeline:
         if not self.samples or steps != self.samples[-1].steps:
             self.samples.append(Sample(time_s, steps))
 
-    def add_line(self, time_s: float, line: str) -> None:
-        """Keep the controller's plan lines: a ``plan (...)`` header and its replica lines."""
-        if line.startswith("plan ("):
-            self.plans.append(PlanLog(time_s, line))
-        elif line.startswith("  replica ") and self.plans:
-            self.plans[-1].replicas.append(line.strip())
+    def add_plan(self, time_s: float, plan: PlanLog) -> None:
+        """Keep a plan the run put into effect (seen by the driver at ``time_s``)."""
+        plan.time_s = time_s
+        self.plans.append(plan)
 
     def throughput(self, start_s: float, end_s: float, skip_steps: int = 1) -> float | None:
         """Samples per second between ``start_s`` and ``end_s``, leaving out the first

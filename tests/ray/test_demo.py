@@ -94,14 +94,14 @@ def test_demo_refuses_too_few_steps(tmp_path: Path) -> None:
 def test_summary_reads_plans_recovery_and_join_from_events_and_timeline() -> None:
     from orchestrator.demo.scenario import DemoScenario
     from orchestrator.demo.summary import build_summary
-    from orchestrator.demo.timeline import Timeline
+    from orchestrator.demo.timeline import PlanLog, Timeline
 
     t = Timeline(global_batch_size=32)
     for i in range(10):  # 1 step per 0.5 s before the crash at 5.0: 64 samples/s
         t.record(i * 0.5, i)
-    t.add_line(0.0, "plan (planner): A100-80 x2; predicted step 0.1994 s (emulated) [initial]")
-    t.add_line(0.0, "  replica 0: batch 16, stages [0,6)@A100-80")
-    t.add_line(9.0, "plan (planner): A100-80 x1, T4 x2; predicted step 0.25 s (emulated) [failure]")
+    replicas = ["replica 0: batch 16, stages [0,6)@A100-80"]
+    t.add_plan(0.0, PlanLog(0.0, "initial", {"A100-80": 2}, 0.1994, replicas))
+    t.add_plan(9.0, PlanLog(9.0, "failure", {"A100-80": 1, "T4": 2}, 0.25))
     t.crashed_at_s, t.crashed_node, t.crashed_at_step = 5.0, "n1", 10
     t.joined_at_s, t.joined_node, t.joined_at_step = 20.0, "n2", 30
     events = [

@@ -17,6 +17,7 @@ so far, lost steps, measured slowdowns). Fixed-plan and planned runs take this o
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -29,6 +30,7 @@ from orchestrator.errors import PermanentError, UserError
 from orchestrator.runtime.discovery import RayNode, connect, discover_nodes
 from orchestrator.runtime.elastic.session import ElasticJob, Session, build_session
 from orchestrator.runtime.elastic.summary import RunSummary
+from orchestrator.runtime.elastic.updates import RunUpdate
 from orchestrator.runtime.validation import validate_model, validate_plan_for_cluster
 
 NAMESPACE = "orchestrator"
@@ -62,6 +64,10 @@ class ControllerActor:
     def progress(self, cursor: int) -> tuple[list[str], int]:
         """Progress lines after ``cursor``, and the new cursor."""
         return self._session.progress.since(cursor)
+
+    def updates(self, cursor: int) -> tuple[list[RunUpdate], int]:
+        """Typed updates after ``cursor``, and the new cursor."""
+        return self._session.progress.updates_since(cursor)
 
     def status(self) -> RunSummary:
         """The run's figures so far."""
@@ -112,18 +118,64 @@ def _alive(name: str) -> bool:
     return True
 
 
-def follow(actor: Any, out: Printer, poll_s: float = 0.5) -> RunSummary:
-    """Print the actor's progress while its ``run()`` is pending; return the run's summary."""
-    done = actor.run.remote()
-    cursor = 0
+class RunHandle:
+    """A run on its controller actor, for programs that follow it (the driver, the demo, the
+    benchmarks): typed updates and progress lines while it runs, its summary at the end."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self._done = actor.run.remote()
+        self._line_cursor = 0
+        self._update_cursor = 0
+
+    @classmethod
+    def start(cls, spec: ElasticJob) -> RunHandle:
+        """Start the run's controller actor (see :func:`start_controller`) and its ``run()``."""
+        return cls(start_controller(spec))
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the run to end; True when it has."""
+        ready, _ = ray.wait([self._done], timeout=timeout_s)
+        return bool(ready)
+
+    def lines(self) -> list[str]:
+        """Progress lines since the last call (for people: never parse them)."""
+        lines, self._line_cursor = ray.get(self.actor.progress.remote(self._line_cursor))
+        return list(lines)
+
+    def updates(self) -> list[RunUpdate]:
+        """Typed updates since the last call: PlanApplied, StepDone and RunEvent, in order."""
+        updates, self._update_cursor = ray.get(self.actor.updates.remote(self._update_cursor))
+        return list(updates)
+
+    def status(self) -> RunSummary:
+        """The run's figures so far."""
+        summary: RunSummary = ray.get(self.actor.status.remote())
+        return summary
+
+    def result(self) -> RunSummary:
+        """The run's summary (waits for the end)."""
+        summary: RunSummary = ray.get(self._done)
+        return summary
+
+    def metrics_url(self) -> str | None:
+        url: str | None = ray.get(self.actor.metrics_url.remote())
+        return url
+
+    def stop(self) -> None:
+        """End the controller actor (and so its workers); safe to call twice."""
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(self.actor, no_restart=True)
+
+
+def follow(handle: RunHandle, out: Printer, poll_s: float = 0.5) -> RunSummary:
+    """Print the run's progress lines until it ends; return its summary."""
     while True:
-        ready, _ = ray.wait([done], timeout=poll_s)
-        lines, cursor = ray.get(actor.progress.remote(cursor))
-        for line in lines:
+        done = handle.wait(poll_s)
+        for line in handle.lines():
             out(line)
-        if ready:
-            summary: RunSummary = ray.get(done)
-            return summary
+        if done:
+            return handle.result()
 
 
 def check_and_connect(spec: ElasticJob) -> list[RayNode]:
@@ -158,15 +210,15 @@ def run_elastic(spec: ElasticJob, out: Printer = print, *, keep_actor: bool = Fa
     it failed. ``keep_actor``: leave the finished actor alive (tests read its status)."""
     nodes = check_and_connect(spec)
     out(describe_cluster(spec.job.name, nodes))
-    actor = start_controller(spec)
-    url = ray.get(actor.metrics_url.remote())
+    handle = RunHandle.start(spec)
+    url = handle.metrics_url()
     if url:
         out(f"metrics: {url}/metrics")
     try:
-        summary = follow(actor, out)
+        summary = follow(handle, out)
     finally:
         if not keep_actor:
-            ray.kill(actor, no_restart=True)
+            handle.stop()
     if not summary.finished:
         resume = (
             f"; resume from the checkpoint at step {summary.checkpoint_step}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from orchestrator.runtime.elastic.checkpoints import DirCheckpointStore, MemoryC
 from orchestrator.runtime.elastic.group_port import ELASTIC_GROUP_OPTIONS, RayWorkerGroupPort
 from orchestrator.runtime.elastic.probe import RayClusterProbe
 from orchestrator.runtime.elastic.summary import RunSummary, summarise
+from orchestrator.runtime.elastic.updates import PlanApplied, RunUpdate, StepDone
 from orchestrator.runtime.jobs import worker_job
 from orchestrator.spec.job import JobSpec
 from orchestrator.spec.plan import Plan
@@ -158,13 +160,15 @@ def describe_plan(plan: Plan) -> list[str]:
 
 
 class ProgressLines(ControllerCallback):
-    """Human-readable lines of the run (steps, plans, decisions), for the driver to print, and
-    the figures of the summary. Thread-safe: the driver reads while the controller writes."""
+    """The run as typed updates (plans, steps, events) and as human-readable lines for the driver
+    to print, and the figures of the summary. Thread-safe: the driver reads while the controller
+    writes."""
 
     def __init__(self, total_steps: int, plan_source: str = "planner") -> None:
         self.total_steps = total_steps
         self.plan_source = plan_source
         self.lines: list[str] = []
+        self.updates: list[RunUpdate] = []
         self.reports: list[StepReport] = []
         self.emulated = False
         self._lock = threading.Lock()
@@ -173,9 +177,19 @@ class ProgressLines(ControllerCallback):
         with self._lock:
             self.lines.extend(lines)
 
+    def _update(self, update: RunUpdate) -> None:
+        with self._lock:
+            self.updates.append(update)
+
     def since(self, cursor: int) -> tuple[list[str], int]:
+        """Lines after ``cursor``, and the new cursor."""
         with self._lock:
             return self.lines[cursor:], len(self.lines)
+
+    def updates_since(self, cursor: int) -> tuple[list[RunUpdate], int]:
+        """Typed updates after ``cursor``, and the new cursor."""
+        with self._lock:
+            return self.updates[cursor:], len(self.updates)
 
     @property
     def tag(self) -> str:
@@ -189,6 +203,17 @@ class ProgressLines(ControllerCallback):
     def on_plan(
         self, plan: Plan, predicted_step_s: float, bound_step_s: float, reason: str
     ) -> None:
+        self._update(
+            PlanApplied(
+                time.time(),
+                plan,
+                predicted_step_s,
+                bound_step_s,
+                str(reason),
+                self.plan_source,
+                self.emulated,
+            )
+        )
         devices = ", ".join(f"{t} x{n}" for t, n in sorted(plan.device_counts().items()))
         self._add(
             f"plan ({self.plan_source}): {devices}; predicted step {predicted_step_s:.4f} s"
@@ -199,6 +224,7 @@ class ProgressLines(ControllerCallback):
     def on_step(self, report: StepReport, predicted_step_s: float) -> None:
         with self._lock:
             self.reports.append(report)
+        self._update(StepDone(time.time(), report, self.total_steps))
         self._add(
             f"step {report.step + 1}/{self.total_steps} loss {report.loss:.4f} "
             f"step {report.step_duration_s:.4f} s "
@@ -210,6 +236,7 @@ class ProgressLines(ControllerCallback):
         self._add(f"checkpoint {path} skipped: {reason}")
 
     def on_event(self, event: RunEvent) -> None:
+        self._update(event)
         if event.kind is not EventKind.PLAN_CHOSEN or "launched" in event.message:
             self._add(f"[{event.kind.value}] {event.message}")
 
