@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from orchestrator.control.controller import Controller
@@ -63,25 +63,9 @@ class RunSummary:
         """The summary as JSON-ready data (enum values as strings, events as in ``/v1/status``)."""
         from orchestrator.telemetry.status import event_to_json
 
-        return {
-            "state": self.state.value,
-            "reason": self.reason,
-            "steps": self.steps,
-            "steps_run": self.steps_run,
-            "first_loss": self.first_loss,
-            "last_loss": self.last_loss,
-            "mean_step_s": self.mean_step_s,
-            "step_indices": list(self.step_indices),
-            "losses": list(self.losses),
-            "emulated": self.emulated,
-            "failure_count": self.failure_count,
-            "lost_steps_total": self.lost_steps_total,
-            "recoveries": [vars(r) for r in self.recoveries],
-            "switch_costs_s": list(self.switch_costs_s),
-            "checkpoint_step": self.checkpoint_step,
-            "checkpoint_path": self.checkpoint_path,
-            "events": [event_to_json(e) for e in self.events],
-        }
+        data = asdict(self)
+        data.update(state=self.state.value, events=[event_to_json(e) for e in self.events])
+        return data
 
 
 def summarise(
