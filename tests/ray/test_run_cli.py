@@ -87,10 +87,11 @@ def test_fixed_plan_run_on_emulated_nodes_says_emulated(
     # Corrupt the newest checkpoint: the next run says so and resumes from the previous one.
     layer_file = tmp_path / "ckpt" / "step-00000002" / "layer-0003.pt"
     layer_file.write_bytes(layer_file.read_bytes()[:-8] + b"garbage!")
-    proc = subprocess.run(
-        [*cli, "--address", address, "--steps", "3"], capture_output=True, text=True, timeout=300
-    )
+    # A fixed-plan run serves metrics and /v1/status like any other (one run path).
+    args = [*cli, "--address", address, "--steps", "3", "--metrics-port", "0"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "metrics: http://" in proc.stdout, proc.stdout
     assert "step-00000002 skipped:" in proc.stdout and "checksum" in proc.stdout, proc.stdout
     assert "resuming from the checkpoint at step 1" in proc.stdout, proc.stdout
     steps = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")]
