@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 from elastic_helpers import (
     add_pool_node,
     elastic_spec,
@@ -26,7 +25,8 @@ from elastic_helpers import (
 )
 
 from orchestrator.runtime.elastic.checkpoints import DirCheckpointStore
-from orchestrator.runtime.elastic.controller_actor import start_controller
+from orchestrator.runtime.elastic.controller_actor import RunHandle
+from orchestrator.runtime.elastic.updates import StepDone
 from orchestrator.runtime.local_nodes import crash_node
 
 STEPS = 16
@@ -49,15 +49,13 @@ def test_random_kills_and_joins_keep_every_committed_step(ray_cluster, tmp_path:
     schedule = {s: rng.choice(["kill", "join"]) for s in sorted(rng.sample(range(2, 13), 3))}
     alive = list(nodes)
     added = []
-    actor = start_controller(elastic_spec(job, pool))
-    done = actor.run.remote()
-    cursor, steps_seen = 0, 0
+    handle = RunHandle.start(elastic_spec(job, pool))
+    steps_seen = 0
     deadline = time.monotonic() + 420.0
     try:
         while True:
-            ready, _ = ray.wait([done], timeout=0.3)
-            lines, cursor = ray.get(actor.progress.remote(cursor))
-            steps_seen += sum(1 for line in lines if line.startswith("step "))
+            ready = handle.wait(0.3)
+            steps_seen += sum(1 for u in handle.updates() if isinstance(u, StepDone))
             for at in [s for s in schedule if steps_seen >= s]:
                 if schedule.pop(at) == "kill" and len(alive) > 1:
                     victim = alive.pop(rng.randrange(len(alive)))
@@ -69,9 +67,9 @@ def test_random_kills_and_joins_keep_every_committed_step(ray_cluster, tmp_path:
             if ready:
                 break
             assert time.monotonic() < deadline, "chaos run did not finish in time"
-        summary = ray.get(done)
+        summary = handle.result()
     finally:
-        ray.kill(actor, no_restart=True)
+        handle.stop()
         remove_pool(ray_cluster, nodes + added)
 
     assert summary.finished, summary.reason
