@@ -80,6 +80,11 @@ def load_cluster(path: Path | str) -> ClusterSpec:
 
 
 def load_model(path: Path | str) -> ModelSpec:
+    """A model.yaml, or a Hugging Face model folder (its config.json gives the shape)."""
+    from orchestrator.spec.hf_config import is_hf_folder, load_hf_model_spec
+
+    if is_hf_folder(path):
+        return load_hf_model_spec(path)
     return load_spec(ModelSpec, path)
 
 

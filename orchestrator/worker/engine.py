@@ -32,6 +32,7 @@ from orchestrator.worker.model_api import LayeredModel, build_model, check_layer
 from orchestrator.worker.optim import make_optimizer
 from orchestrator.worker.pipeline import PipelineRunner
 from orchestrator.worker.schedule import Schedule, microbatch_sizes
+from orchestrator.worker.tied import TiedGradients, copy_initial_weights
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +105,14 @@ class StageEngine:
             )
         self.stretcher = Stretcher(config.slowdown_factor)
         self.layers = build_layers(self.model, self.spec.layer_indices, config.seed, self.device)
+        copy_initial_weights(self.model, self.layers, config.seed, self.device)
         self.optimizers = {
             i: make_optimizer(config.optimizer, layer.parameters(), config.learning_rate)
             for i, layer in self.layers.items()
         }
         self.dataset = make_dataset(config.data, config.seed) if self._needs_data else None
         self.groups: GradientGroups | None = None
+        self.tied: TiedGradients | None = None
         self.runner: PipelineRunner | None = None
         if self.stretcher.emulated:
             log.info(
@@ -137,6 +140,7 @@ class StageEngine:
         backend = backend_for_device(self.device)
         init_world(backend, master_addr, master_port, self.config.rank, world_size, timeout_s)
         self.groups = GradientGroups(self.config.plan, self.config.rank)
+        self.tied = TiedGradients(self.model, self.config.plan, self.config.rank)
         self.runner = PipelineRunner(
             spec=self.spec,
             layers=[self.layers[i] for i in self.spec.layer_indices],
@@ -172,6 +176,8 @@ class StageEngine:
         weights = [m / self.config.plan.global_batch_size for m in sizes]
         loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets)
         self.groups.all_reduce(self.layers)
+        if self.tied is not None:
+            self.tied.all_reduce(self.layers)
         return loss
 
     def apply_update(self) -> None:

@@ -15,6 +15,7 @@ from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.engine import build_layers
 from orchestrator.worker.model_api import build_model
 from orchestrator.worker.optim import make_optimizer
+from orchestrator.worker.tied import copy_initial_weights, sum_local
 
 
 class ReferenceTrainer:
@@ -34,6 +35,7 @@ class ReferenceTrainer:
         self.layers = build_layers(
             self.model, range(self.model.num_planner_layers), seed, torch.device("cpu")
         )
+        copy_initial_weights(self.model, self.layers, seed, torch.device("cpu"))
         params = [p for layer in self.layers.values() for p in layer.parameters()]
         self.optimizer = make_optimizer(optimizer, params, learning_rate)
         self.dataset = make_dataset(data, seed)
@@ -50,6 +52,7 @@ class ReferenceTrainer:
             out = self.layers[i](out)
         loss = self.model.loss(out, targets)
         loss.backward()
+        sum_local(self.model, self.layers)
         self.optimizer.step()
         return float(loss.detach())
 
