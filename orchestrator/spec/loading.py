@@ -65,7 +65,8 @@ def parse_spec(kind: type[SpecT], raw: Any, source: str) -> SpecT:
             f"{source}: expected a mapping of fields at the top level, got {type(raw).__name__}"
         )
     try:
-        return kind.model_validate(raw)
+        # The source lets specs resolve files named relative to it (a job's model folder).
+        return kind.model_validate(raw, context={"source": source})
     except ValidationError as exc:
         raise SpecError(describe_validation_error(exc, source)) from None
 
