@@ -71,6 +71,29 @@ class ModelSection(BaseModel):
     huggingface: str | None = None
     pretrained: bool | None = None
     sequence_length: PositiveInt | None = None
+    # Your own nn.Module ("module:function" returning embed/blocks/head/loss), with its vocab.
+    stack: ImportPath | None = None
+    vocab_size: PositiveInt | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_stack(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("stack") is None:
+            return data
+        if "factory" in data or "shape" in data or data.get("huggingface") is not None:
+            raise ValueError("give stack (your module) alone: its shape is measured")
+        if data.get("sequence_length") is None or data.get("vocab_size") is None:
+            raise ValueError("stack needs sequence_length and vocab_size")
+        # The shape is measured from the module itself (counted parameters, one forward), so
+        # this form imports torch and the user's module while the job file is read.
+        from orchestrator.models.stack import STACK_FACTORY, measured_shape
+
+        build_kwargs = dict(data.get("kwargs") or {})
+        shape = measured_shape(
+            str(data["stack"]), int(data["sequence_length"]), int(data["vocab_size"]), build_kwargs
+        )
+        kwargs = {"module": data["stack"], "build_kwargs": build_kwargs}
+        return {**data, "factory": STACK_FACTORY, "shape": shape, "kwargs": kwargs}
 
     @model_validator(mode="before")
     @classmethod

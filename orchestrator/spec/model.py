@@ -63,6 +63,9 @@ class ModelSpec(BaseModel):
     max_position_embeddings: PositiveInt | None = None
     # Biases on every linear layer but the output projection (GPT-2); Llama has none.
     bias: bool = True
+    # Counted parameters per planner layer, for models that are not a standard transformer (a
+    # user's own stack of blocks, orchestrator.models.stack); overrides the formulas below.
+    layer_param_counts: list[PositiveInt] | None = None
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> ModelSpec:
@@ -70,6 +73,14 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_heads "
                 f"({self.num_heads}); pick num_heads among the divisors of hidden_size"
+            )
+        if (
+            self.layer_param_counts is not None
+            and len(self.layer_param_counts) != self.num_layers + 2
+        ):
+            raise ValueError(
+                f"layer_param_counts has {len(self.layer_param_counts)} entries; the model has "
+                f"{self.num_layers + 2} planner layers (blocks + embedding + head)"
             )
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
             raise ValueError(
@@ -90,6 +101,9 @@ class ModelSpec(BaseModel):
         query and output projections h x h, key and value h x kv_size, and two (plain) or three
         (gated) MLP matrices h x ffn."""
         h, f = self.hidden_size, self.ffn_size
+        if self.layer_param_counts is not None:
+            # Counted, not derived: every weight costs 2 FLOPs per token forward, as a matrix's.
+            return self.layer_param_counts[1]
         mlp_matrices = 3 if self.gated_mlp else 2
         return 2 * h * h + 2 * h * self.kv_size + mlp_matrices * h * f
 
@@ -118,6 +132,8 @@ class ModelSpec(BaseModel):
         """Parameters of planner layer ``index`` (weights and biases)."""
         h, f = self.hidden_size, self.ffn_size
         kind = self.layer_kind(index)
+        if self.layer_param_counts is not None:
+            return self.layer_param_counts[index]
         if kind is LayerKind.EMBEDDING:
             table = self.vocab_size * h
             if self.positions is Positions.LEARNED:
