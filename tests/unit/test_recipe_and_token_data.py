@@ -142,3 +142,23 @@ def test_bad_hugging_face_sections_are_one_line(tmp_path: Path) -> None:
     job_file.write_text("name: ft\nmodel: {huggingface: nowhere}\ndata: {}\n")
     with pytest.raises(SpecError, match=r"model\.huggingface"):
         load_spec(JobSpec, job_file)
+
+
+def test_published_llama_configs_count_their_published_parameters(tmp_path: Path) -> None:
+    """Llama-7B's block is Cephalo's 202,383,360 parameters; Llama-3-8B (grouped-query, 8 kv
+    heads) totals its published 8,030,261,248."""
+    from orchestrator.spec.hf_config import model_spec_from_hf_config
+
+    llama7b = {
+        "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+        "num_attention_heads": 32, "intermediate_size": 11008, "vocab_size": 32000,
+        "max_position_embeddings": 2048,
+    }  # fmt: skip
+    assert model_spec_from_hf_config(llama7b, "llama-7b").layer_params(1) == 202_383_360
+    llama3 = {
+        **llama7b, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+        "max_position_embeddings": 8192, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    spec = model_spec_from_hf_config(llama3, "llama-3-8b", sequence_length=4096)
+    assert spec.total_params == 8_030_261_248
+    assert spec.dtype.value == "bf16" and spec.sequence_length == 4096
