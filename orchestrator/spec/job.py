@@ -51,6 +51,12 @@ class Schedule(StrEnum):
 
 
 HF_FACTORY = "orchestrator.models.hf_causal:make_hf_model"
+STACK_FACTORY = "orchestrator.models.stack:make_stack_model"
+
+
+def _resolved(data: dict[str, Any], factory: str) -> bool:
+    """A section already resolved (a dumped job read again): its shape is kept as it is."""
+    return data.get("factory") == factory and data.get("shape") is not None
 
 
 class ModelSection(BaseModel):
@@ -80,13 +86,15 @@ class ModelSection(BaseModel):
     def _from_stack(cls, data: Any) -> Any:
         if not isinstance(data, dict) or data.get("stack") is None:
             return data
+        if _resolved(data, STACK_FACTORY):
+            return data
         if "factory" in data or "shape" in data or data.get("huggingface") is not None:
             raise ValueError("give stack (your module) alone: its shape is measured")
         if data.get("sequence_length") is None or data.get("vocab_size") is None:
             raise ValueError("stack needs sequence_length and vocab_size")
         # The shape is measured from the module itself (counted parameters, one forward), so
         # this form imports torch and the user's module while the job file is read.
-        from orchestrator.models.stack import STACK_FACTORY, measured_shape
+        from orchestrator.models.stack import measured_shape
 
         build_kwargs = dict(data.get("kwargs") or {})
         shape = measured_shape(
@@ -99,6 +107,8 @@ class ModelSection(BaseModel):
     @classmethod
     def _from_huggingface(cls, data: Any, info: ValidationInfo) -> Any:
         if not isinstance(data, dict) or data.get("huggingface") is None:
+            return data
+        if _resolved(data, HF_FACTORY):
             return data
         if "factory" in data or "shape" in data:
             raise ValueError(

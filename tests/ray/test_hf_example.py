@@ -65,3 +65,22 @@ def test_finetune_example_trains_and_exports(ray_cluster: object, tmp_path: Path
         for i in range(model.num_planner_layers):
             out = layers[i](out)
         assert torch.allclose(loaded(input_ids=ids).logits, out, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_own_model_from_a_local_file_runs_as_a_ray_job(tmp_path: Path) -> None:
+    """examples/own-model: `ray job submit --working-dir .` from the example's folder; the module
+    is imported from the uploaded working dir on the driver and on every worker."""
+    from ray_head import ray_head, snapshot_repo
+    from test_job_submit import losses, submit
+
+    from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS
+
+    repo = snapshot_repo(EXAMPLE.parents[1], tmp_path / "repo")
+    folder = repo / "examples" / "own-model"
+    with ray_head(2, {"orchestrator.io/device-type": "cpu"}, FAST_HEALTH_CHECKS) as head:
+        env = {**head.env, "PYTHONPATH": str(repo)}
+        output = submit(head.dashboard_url, env, folder, "job.yaml")
+    got = losses(output)
+    assert len(got) == 30, output[-3000:]
+    assert sum(got[-5:]) / 5 < sum(got[:5]) / 5 - 0.5, got

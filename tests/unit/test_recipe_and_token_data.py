@@ -162,3 +162,12 @@ def test_published_llama_configs_count_their_published_parameters(tmp_path: Path
     spec = model_spec_from_hf_config(llama3, "llama-3-8b", sequence_length=4096)
     assert spec.total_params == 8_030_261_248
     assert spec.dtype.value == "bf16" and spec.sequence_length == 4096
+
+
+def test_a_resolved_job_reads_back_unchanged(tmp_path: Path) -> None:
+    _llama_folder(tmp_path)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("name: ft\nmodel: {huggingface: tiny-llama}\ndata: {}\n")
+    job = load_spec(JobSpec, job_file)
+    again = JobSpec.model_validate_json(job.model_dump_json())  # as it travels to the workers
+    assert again == job
