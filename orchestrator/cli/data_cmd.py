@@ -24,6 +24,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     prep.add_argument(
         "--input", type=Path, help="text corpus (default: the corpus shipped with the package)"
     )
+    prep.add_argument(
+        "--hf-dataset", type=Path, help="a Hugging Face dataset saved to disk (instead of --input)"
+    )
+    prep.add_argument("--column", default="text", help="the dataset's text or token-id column")
+    prep.add_argument("--split", default="train", help="the dataset's split, if it has splits")
     prep.add_argument("--out", type=Path, required=True, help="token file to write")
     prep.add_argument(
         "--tokenizer", type=Path, help="a Hugging Face tokenizer folder (default: bytes, 256 ids)"
@@ -33,8 +38,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from orchestrator.models.hf_tokenize import prepare_tokens
+    from orchestrator.errors import UserError
+    from orchestrator.models.hf_tokenize import prepare_from_hf_dataset, prepare_tokens
 
+    if args.hf_dataset is not None:
+        if args.input is not None:
+            raise UserError(
+                "give --input or --hf-dataset, not both", field="--hf-dataset", fix="drop one"
+            )
+        done = prepare_from_hf_dataset(
+            args.hf_dataset,
+            args.column,
+            args.out,
+            args.tokenizer,
+            split=args.split,
+            progress=not args.no_progress,
+        )
+        print(
+            f"wrote {done.path}: {done.num_tokens} tokens, {done.dtype}, "
+            f"vocabulary {done.vocab_size}"
+        )
+        return 0
     source = args.input
     if source is None:
         from orchestrator.worker.data import BUILTIN_CORPUS

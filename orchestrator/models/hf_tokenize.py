@@ -1,4 +1,9 @@
-"""Tokenize a text corpus into a token file (``orchestrator data prepare``).
+"""Tokenize a text corpus or a saved Hugging Face dataset into a token file
+(``orchestrator data prepare``).
+
+A dataset saved with ``datasets``' ``save_to_disk`` is read with ``load_from_disk``; its column
+holds text (tokenized here) or token ids (lists of integers, written as they are). Rows are
+concatenated in order.
 
 The tokenizer is a local Hugging Face folder (``tokenizer.json``, or ``vocab.json`` +
 ``merges.txt`` and the like through ``transformers.AutoTokenizer``), or bytes (vocabulary 256)
@@ -15,6 +20,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +67,109 @@ def load_tokenizer(folder: Path | str | None) -> tuple[Callable[[str], list[int]
             fix="point to a folder with tokenizer.json (or vocab.json and merges.txt)",
         ) from None
     return (lambda text: auto(text)["input_ids"]), len(auto), str(p)
+
+
+def _write(
+    dst: Path,
+    pieces: Iterator[tuple[list[int], int]],
+    total_units: int,
+    unit: str,
+    dtype: Any,
+    meta: dict[str, Any],
+    progress: bool,
+) -> int:
+    """Write the ids of ``pieces`` (ids, progress units) to ``dst`` atomically, then FILE.json."""
+    from tqdm import tqdm
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dst.name}-", dir=dst.parent)
+    total = 0
+    try:
+        bar = tqdm(
+            total=total_units, unit=unit, unit_scale=True, desc="tokenizing", disable=not progress
+        )
+        with os.fdopen(fd, "wb") as f, bar:
+            for ids, units in pieces:
+                np.asarray(ids, dtype=dtype).tofile(f)
+                total += len(ids)
+                bar.update(units)
+        meta = {"format": TOKENS_FORMAT, "dtype": np.dtype(dtype).name, **meta}
+        meta["num_tokens"] = total
+        dst.with_name(dst.name + ".json").write_text(json.dumps(meta, indent=2) + "\n")
+        os.replace(tmp_name, dst)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return total
+
+
+def prepare_from_hf_dataset(
+    folder: Path | str,
+    column: str,
+    out: Path | str,
+    tokenizer: Path | str | None = None,
+    split: str = "train",
+    progress: bool = True,
+) -> Prepared:
+    """Concatenate ``column`` of a dataset saved to disk into the token file ``out``."""
+    src = Path(folder)
+    if not src.is_dir():
+        raise SpecError(
+            f"dataset folder {src} does not exist", field="--hf-dataset", fix="check the path"
+        )
+    from datasets import DatasetDict, load_from_disk
+
+    try:
+        data = load_from_disk(str(src))
+    except (FileNotFoundError, ValueError) as exc:
+        raise SpecError(
+            f"{src} is not a saved dataset: {str(exc).splitlines()[0]}",
+            field="--hf-dataset",
+            fix="point to a folder written by Dataset.save_to_disk",
+        ) from None
+    if isinstance(data, DatasetDict):
+        if split not in data:
+            raise SpecError(
+                f"dataset {src} has no split {split!r} (it has {', '.join(sorted(data))})",
+                field="--split",
+                fix="name one of its splits",
+            )
+        data = data[split]
+    if column not in data.column_names:
+        raise SpecError(
+            f"dataset {src} has no column {column!r} (it has {', '.join(data.column_names)})",
+            field="--column",
+            fix="name the column that holds the text or the token ids",
+        )
+    feature = str(data.features[column])
+    is_text = "string" in feature
+    if is_text:
+        encode, vocab_size, description = load_tokenizer(tokenizer)
+    else:
+        # Token ids as they are: the vocabulary is the tokenizer's when named, else max id + 1.
+        if tokenizer is not None:
+            _, vocab_size, description = load_tokenizer(tokenizer)
+        else:
+            vocab_size = 1 + max((max(row) for row in data[column] if row), default=0)
+            description = "token ids"
+    dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
+
+    def pieces() -> Iterator[tuple[list[int], int]]:
+        for row in data[column]:
+            yield (encode(row) if is_text else list(row)), 1
+
+    total = _write(
+        Path(out),
+        pieces(),
+        len(data),
+        "rows",
+        dtype,
+        {"vocab_size": vocab_size, "tokenizer": description, "source": f"{src.name}:{column}"},
+        progress,
+    )
+    return Prepared(
+        path=Path(out), num_tokens=total, vocab_size=vocab_size, dtype=np.dtype(dtype).name
+    )
 
 
 def _chunks(path: Path) -> Iterator[tuple[str, int]]:

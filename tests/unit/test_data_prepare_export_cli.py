@@ -110,3 +110,29 @@ def test_export_a_checkpoint_loads_with_from_pretrained(tmp_path: Path) -> None:
             out = layers[i](out)
         assert torch.allclose(loaded(input_ids=ids).logits, out, atol=1e-5)
     assert main(["export", str(job), "--out", str(tmp_path / "out")]) == 2  # exists already
+
+
+def test_prepare_from_a_saved_hf_dataset(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from datasets import Dataset, DatasetDict
+
+    texts = Dataset.from_dict({"text": ["in the", "beginning"], "n": [1, 2]})
+    ids = Dataset.from_dict({"input_ids": [[5, 6, 7], [8, 300]]})
+    DatasetDict({"train": texts}).save_to_disk(str(tmp_path / "texts"))
+    ids.save_to_disk(str(tmp_path / "ids"))
+
+    out = tmp_path / "a.bin"
+    argv = ["data", "prepare", "--hf-dataset", str(tmp_path / "texts"), "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    assert np.fromfile(out, dtype=np.uint16).tolist() == list(b"in the" + b"beginning")
+    out_ids = tmp_path / "b.bin"
+    argv = ["data", "prepare", "--hf-dataset", str(tmp_path / "ids"), "--column", "input_ids"]
+    assert main([*argv, "--out", str(out_ids), "--no-progress"]) == 0
+    assert np.fromfile(out_ids, dtype=np.uint16).tolist() == [5, 6, 7, 8, 300]
+    assert json.loads((tmp_path / "b.bin.json").read_text())["vocab_size"] == 301
+
+    capsys.readouterr()
+    bad = ["data", "prepare", "--hf-dataset", str(tmp_path / "texts"), "--column", "body"]
+    assert main([*bad, "--out", str(tmp_path / "c.bin"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no column 'body' (it has text, n)" in err[0]
+    assert not (tmp_path / "c.bin").exists()
