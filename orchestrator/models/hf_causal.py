@@ -17,8 +17,9 @@ the two copies' gradients every step (orchestrator.worker.tied), so they stay eq
 is the tied model's. ``hf_names(i)`` maps layer ``i``'s parameter names to the model's own, which
 the exporter (orchestrator.models.hf_export) uses to write a folder ``from_pretrained`` loads.
 
-Dropout is switched off (its probabilities set to 0) so that every plan computes the same update;
-docs/models.md says why.
+Dropout is off (its probabilities set to 0) unless ``dropout=True``: then the config's dropout
+runs with randomness seeded per (step, layer, sample) (orchestrator.worker.dropout), so every plan
+still computes the same update.
 """
 
 from __future__ import annotations
@@ -51,17 +52,24 @@ DROPOUT_FIELDS = (
 )
 
 
-def hf_config(folder: Path | str) -> Any:
-    """A transformers config from ``folder/config.json``, dropout off, attention through SDPA."""
+def dropout_of(config: Any) -> dict[str, float]:
+    """The config's non-zero dropout probabilities."""
+    return {f: float(getattr(config, f)) for f in DROPOUT_FIELDS if getattr(config, f, 0)}
+
+
+def hf_config(folder: Path | str, dropout: bool = False) -> Any:
+    """A transformers config from ``folder/config.json``, attention through SDPA; dropout off
+    unless ``dropout`` (then seeded per step, layer and sample: orchestrator.worker.dropout)."""
     from transformers import AutoConfig
 
     read_hf_config(folder)  # one-line errors for a missing or unsupported config
     config = AutoConfig.from_pretrained(str(folder))
-    dropped = {f: getattr(config, f) for f in DROPOUT_FIELDS if getattr(config, f, 0)}
-    for f in dropped:
-        setattr(config, f, 0.0)
-    if dropped:
-        log.info("dropout switched off for plan-independent updates: %s", dropped)
+    dropped = dropout_of(config)
+    if not dropout:
+        for f in dropped:
+            setattr(config, f, 0.0)
+        if dropped:
+            log.info("dropout switched off (set dropout: true to keep it): %s", dropped)
     config._attn_implementation = "sdpa"
     return config
 
@@ -71,10 +79,25 @@ class _GPT2Embedding(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.drop = nn.Dropout(config.embd_pdrop)  # as GPT2Model applies after the sum
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
-        return self.wte(ids) + self.wpe(positions)
+        return self.drop(self.wte(ids) + self.wpe(positions))  # type: ignore[no-any-return]
+
+
+class _Seeded(nn.Module):
+    """A planner layer whose dropout is seeded per (step, layer, sample)."""
+
+    def __init__(self, inner: nn.Module, index: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.index = index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from orchestrator.worker.dropout import seeded_forward
+
+        return seeded_forward(self.inner, self.index, x)
 
 
 class _GPT2Layer(nn.Module):
@@ -158,9 +181,11 @@ class HFCausalLM:
         sequence_length: int,
         name: str | None = None,
         pretrained: bool | None = None,
+        dropout: bool = False,
     ) -> None:
         self.folder = Path(folder)
-        self.config = hf_config(self.folder)
+        self.config = hf_config(self.folder, dropout)
+        self.dropout = dropout and bool(dropout_of(self.config))
         self.model_type: str = self.config.model_type
         self.name = name or self.folder.resolve().name
         self.sequence_length = sequence_length
@@ -210,6 +235,9 @@ class HFCausalLM:
             self._load_layer(index, layer)
         else:
             self._init_layer(layer)
+        if self.dropout and index != self.head_index:
+            # Parameter names gain "inner."; hf_names strips it.
+            return _Seeded(layer, index)
         return layer
 
     def boundary_shape(self, batch_size: int) -> tuple[int, ...]:
@@ -229,6 +257,8 @@ class HFCausalLM:
         if not self.tied:
             return []
         embedding = "wte.weight" if self.model_type in GPT2_TYPES else "embed_tokens.weight"
+        if self.dropout:
+            embedding = "inner." + embedding
         return [((0, embedding), (self.head_index, "lm_head.weight"))]
 
     # -- names ---------------------------------------------------------------------------------
@@ -238,7 +268,8 @@ class HFCausalLM:
         gpt2 = self.model_type in GPT2_TYPES
         base = "transformer." if gpt2 else "model."
         names = {}
-        for local in local_names:
+        for wrapped in local_names:
+            local = wrapped.removeprefix("inner.")
             if index == 0:
                 names[local] = base + local
             elif index == self.head_index:
@@ -249,6 +280,7 @@ class HFCausalLM:
             else:
                 inner = local.partition(".")[2]  # drop "block." / "layer."
                 names[local] = f"{base}{'h' if gpt2 else 'layers'}.{index - 1}.{inner}"
+            names[wrapped] = names.pop(local)
         return names
 
     # -- building ------------------------------------------------------------------------------
@@ -346,6 +378,7 @@ def make_hf_model(
     sequence_length: int | None = None,
     pretrained: bool | None = None,
     name: str | None = None,
+    dropout: bool = False,
     **_shape: Any,
 ) -> HFCausalLM:
     """Model factory: ``orchestrator.models.hf_causal:make_hf_model`` with ``path`` (the folder).
@@ -355,7 +388,7 @@ def make_hf_model(
     """
     if sequence_length is None:
         raise SpecError("make_hf_model needs sequence_length", field="model.shape")
-    return HFCausalLM(path, sequence_length, name=name, pretrained=pretrained)
+    return HFCausalLM(path, sequence_length, name=name, pretrained=pretrained, dropout=dropout)
 
 
 def hf_model_spec(model: HFCausalLM) -> ModelSpec:

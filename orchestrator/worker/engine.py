@@ -26,6 +26,7 @@ from orchestrator.errors import SpecError
 from orchestrator.spec.plan import Plan
 from orchestrator.worker import topology
 from orchestrator.worker.data import DataConfig, make_dataset
+from orchestrator.worker.dropout import sample_streams
 from orchestrator.worker.emulation import Stretcher
 from orchestrator.worker.groups import GradientGroups, backend_for_device, init_world
 from orchestrator.worker.model_api import LayeredModel, build_model, check_layer_count
@@ -191,7 +192,9 @@ class StageEngine:
         inputs, targets = self._batch(step)
         sizes = microbatch_sizes(self.spec.replica_batch_size, self.config.plan.microbatch_size)
         weights = [m / self.config.plan.global_batch_size for m in sizes]
-        loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets)
+        offset = self.spec.replica_sample_offset
+        with sample_streams(self.config.seed, step, offset, sizes):  # seeded dropout, if any
+            loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets)
         self.groups.all_reduce(self.layers)
         if self.tied is not None:
             self.tied.all_reduce(self.layers)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from orchestrator.worker.data import DataConfig, make_dataset
+from orchestrator.worker.dropout import sample_streams
 from orchestrator.worker.engine import build_layers
 from orchestrator.worker.model_api import build_model
 from orchestrator.worker.optim import (
@@ -48,6 +49,7 @@ class ReferenceTrainer:
         self.optimizer = make_recipe_optimizer(self.recipe, named_all(self.layers))
         self.dataset = make_dataset(data, seed)
         self.global_batch_size = global_batch_size
+        self.seed = seed
 
     def train_step(self, step: int) -> float:
         """One step on the whole global batch; returns its mean loss."""
@@ -56,8 +58,9 @@ class ReferenceTrainer:
         )
         self.optimizer.zero_grad(set_to_none=True)
         out = inputs
-        for i in range(self.model.num_planner_layers):
-            out = self.layers[i](out)
+        with sample_streams(self.seed, step, 0, [self.global_batch_size]):
+            for i in range(self.model.num_planner_layers):
+                out = self.layers[i](out)
         loss = self.model.loss(out, targets)
         loss.backward()
         sum_local(self.model, self.layers)

@@ -157,3 +157,51 @@ def test_a_stage_reads_only_its_own_tensors(
     monkeypatch.setattr(safetensors, "safe_open", Spy)
     model.build_layer(2)
     assert read and all(k.startswith("model.layers.1.") for k in read), read
+
+
+def test_seeded_dropout_is_the_same_whatever_the_microbatches(tmp_path: Path) -> None:
+    """GPT-2 with its configured dropout (0.1): the whole batch in one microbatch and the same
+    batch in microbatches of 1 and 3 get the same masks, loss and gradients; masks change with
+    the step, and dropout is really on."""
+    from orchestrator.worker.dropout import sample_streams
+
+    folder = make_folder(tmp_path, "gpt2")
+    model = HFCausalLM(folder, SEQ, dropout=True)
+    assert model.dropout
+
+    def run(step: int, sizes: list[int]) -> tuple[torch.Tensor, float, dict]:
+        layers = build_layers(model, range(model.num_planner_layers), 0, torch.device("cpu"))
+        copy_initial_weights(model, layers, 0, torch.device("cpu"))
+        window = torch.randint(0, VOCAB, (4, SEQ + 1), generator=torch.Generator().manual_seed(1))
+        outs, total = [], 0.0
+        with sample_streams(0, step, 0, sizes):
+            for x, y in zip(
+                torch.split(window[:, :-1], sizes), torch.split(window[:, 1:], sizes), strict=True
+            ):
+                out = x
+                for i in range(model.num_planner_layers):
+                    out = layers[i](out)
+                loss = model.loss(out, y) * (x.shape[0] / 4)
+                loss.backward()
+                outs.append(out.detach())
+                total += float(loss.detach())
+        grads = {(i, n): p.grad.clone() for i, m in layers.items() for n, p in m.named_parameters()}
+        return torch.cat(outs), total, grads
+
+    whole, loss_whole, grads_whole = run(3, [4])
+    split, loss_split, grads_split = run(3, [1, 3])
+    assert torch.allclose(whole, split, atol=1e-5)
+    assert loss_split == pytest.approx(loss_whole, rel=1e-6)
+    for key, g in grads_whole.items():
+        assert torch.allclose(g, grads_split[key], rtol=1e-4, atol=1e-6), key
+    other_step, _, _ = run(4, [4])
+    assert not torch.allclose(whole, other_step, atol=1e-3)
+    # Against the same weights without dropout (eval mode switches it off).
+    layers = build_layers(model, range(model.num_planner_layers), 0, torch.device("cpu"))
+    copy_initial_weights(model, layers, 0, torch.device("cpu"))
+    window = torch.randint(0, VOCAB, (4, SEQ + 1), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = window[:, :-1]
+        for i in range(model.num_planner_layers):
+            out = layers[i].eval()(out)
+    assert not torch.allclose(whole, out, atol=1e-3)

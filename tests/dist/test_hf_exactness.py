@@ -54,8 +54,11 @@ def _token_file(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow  # ~30 s each on an idle 2-core machine (5 ranks, tiny models)
-@pytest.mark.parametrize("kind", sorted(PLANS))
+@pytest.mark.parametrize("kind", [*sorted(PLANS), "gpt2-dropout"])
 def test_hf_plan_matches_single_process_with_the_full_recipe(kind: str, tmp_path: Path) -> None:
+    # gpt2-dropout keeps GPT-2's configured dropout (0.1), seeded per (step, layer, sample).
+    dropout = kind.endswith("-dropout")
+    kind = kind.removesuffix("-dropout")
     folder = make_folder(tmp_path, kind, weights=True)
     plan = PLANS[kind]
     data = DataConfig(
@@ -64,7 +67,7 @@ def test_hf_plan_matches_single_process_with_the_full_recipe(kind: str, tmp_path
         global_batch_size=plan.global_batch_size,
         vocab_size=VOCAB,
     )
-    kwargs = {"path": str(folder), "sequence_length": SEQ}
+    kwargs = {"path": str(folder), "sequence_length": SEQ, "dropout": dropout}
     config = EngineConfig(
         model_factory=FACTORY, model_kwargs=kwargs, plan=plan, rank=0, data=data, recipe=RECIPE
     )
@@ -84,4 +87,5 @@ def test_hf_plan_matches_single_process_with_the_full_recipe(kind: str, tmp_path
     if kind == "gpt2":
         # The tied copies are still one weight on every rank that holds one.
         emb, head = run.layer_states[0]["params"], run.layer_states[4]["params"]
-        assert (emb["wte.weight"] - head["lm_head.weight"]).abs().max() <= 1e-6
+        wte = emb["inner.wte.weight" if dropout else "wte.weight"]
+        assert (wte - head["lm_head.weight"]).abs().max() <= 1e-6
