@@ -89,3 +89,32 @@ def test_hf_plan_matches_single_process_with_the_full_recipe(kind: str, tmp_path
         emb, head = run.layer_states[0]["params"], run.layer_states[4]["params"]
         wte = emb["inner.wte.weight" if dropout else "wte.weight"]
         assert (wte - head["lm_head.weight"]).abs().max() <= 1e-6
+
+
+@pytest.mark.slow  # two short runs of 3 and 2 ranks
+def test_resume_under_another_plan_continues_the_recipe_and_the_samples(tmp_path: Path) -> None:
+    """Steps 0-1 on one plan, then steps 2-3 from its layer states (moments, step counts) on a
+    plan with other cuts: equal to four uninterrupted single-process steps (the schedule is a
+    function of the step, the samples of (seed, step, position))."""
+    folder = make_folder(tmp_path, "llama", weights=True)
+    first = make_plan([(6, [((0, 2), "A100"), ((2, 5), "A100")]), (2, [((0, 5), "A100")])])
+    second = make_plan([(8, [((0, 4), "A100"), ((4, 5), "A100")])])
+    recipe = OptimizerRecipe(**{**RECIPE.__dict__, "warmup_steps": 2, "decay_steps": 4})
+    data = DataConfig(
+        sequence_length=SEQ, token_file=str(_token_file(tmp_path)), global_batch_size=8,
+        vocab_size=VOCAB,
+    )  # fmt: skip
+    kwargs = {"path": str(folder), "sequence_length": SEQ}
+
+    def config(plan: object) -> EngineConfig:
+        return EngineConfig(
+            model_factory=FACTORY, model_kwargs=kwargs, plan=plan, rank=0, data=data, recipe=recipe
+        )
+
+    head = run_local(config(first), range(2), {})
+    tail = run_local(config(second), range(2, 4), {}, initial_states=head.layer_states)
+    ref = ReferenceTrainer(FACTORY, kwargs, data, 8, recipe=recipe)
+    for step in range(4):
+        ref.train_step(step)
+    errors = layer_relative_errors(tail.layer_states, ref.layer_params())
+    assert max(errors.values()) <= RTOL, errors
