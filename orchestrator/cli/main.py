@@ -26,6 +26,8 @@ COMMAND_MODULES = (
     "orchestrator.cli.run_cmd",
     "orchestrator.cli.profile_cmd",
     "orchestrator.cli.demo_cmd",
+    "orchestrator.cli.data_cmd",
+    "orchestrator.cli.export_cmd",
 )
 
 EXIT_USER_ERROR = 2

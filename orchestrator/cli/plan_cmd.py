@@ -37,7 +37,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", type=Path, required=True, help="cluster YAML/JSON")
-    p.add_argument("--model", type=Path, required=True, help="model YAML/JSON")
+    p.add_argument(
+        "--model",
+        type=Path,
+        required=True,
+        help="model YAML/JSON, or a Hugging Face model folder (config.json)",
+    )
     p.add_argument("--training", type=Path, help="training YAML/JSON (defaults in docs/formats.md)")
     p.add_argument(
         "--profiles",

@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from orchestrator.spec.job import JobSpec
-from orchestrator.spec.loading import load_spec
+from orchestrator.runtime.jobs import load_job
 
 DEFAULT_CACHE = Path.home() / ".cache" / "orchestrator" / "profiles"
 
@@ -36,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from orchestrator.errors import UserError
 
-    job = load_spec(JobSpec, args.job)
+    job = load_job(args.job)
     if args.out is not None:
         out_dir = args.out
     elif job.profiles is not None:

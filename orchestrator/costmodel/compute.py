@@ -34,7 +34,7 @@ LAUNCH_OVERHEAD_S_PER_LAYER_PASS = 1e-4
 # Bytes of memory traffic per parameter in one optimizer update (memory-bound elementwise work):
 # mixed-precision Adam reads fp32 master, m, v and the 16-bit grad (14 B) and writes master, m, v
 # and the 16-bit weight (14 B); SGD with momentum reads/writes weights and momentum (~16 B).
-UPDATE_BYTES_PER_PARAM = {Optimizer.ADAM: 28, Optimizer.SGD: 16}
+UPDATE_BYTES_PER_PARAM = {Optimizer.ADAM: 28, Optimizer.ADAMW: 28, Optimizer.SGD: 16}
 # Per-layer optimizer steps over many small tensors reach a fraction of peak memory bandwidth:
 # measured on an H200 (bench/gpu_check.py), Adam on a 50M-parameter fp32 block took 1.3-1.6 ms
 # against 0.29 ms at the 4.8 TB/s peak, about 20%.
@@ -52,14 +52,15 @@ def achieved_fraction_of_peak(hidden_size: int, dtype: Dtype = Dtype.BF16) -> fl
 
 def forward_flops_per_sample(model: ModelSpec, layer: int) -> float:
     """Forward FLOPs of planner layer ``layer`` for one sample of ``sequence_length`` tokens."""
-    s, h, f, v = model.sequence_length, model.hidden_size, model.ffn_size, model.vocab_size
+    s, h, v = model.sequence_length, model.hidden_size, model.vocab_size
     kind = model.layer_kind(layer)
     if kind is LayerKind.EMBEDDING:
         return 0.0  # a table lookup: memory-bound, costed by bytes below
     if kind is LayerKind.HEAD:
         return 2.0 * s * h * v  # output projection to the vocabulary
-    matmul_params = 4 * h * h + 2 * h * f  # qkv + out projection + two MLP matrices
-    attention = 4.0 * s * s * h  # QK^T and attention x V, 2 s^2 h each
+    # q, k, v, out projections and the MLP matrices (grouped-query and gated forms exactly)
+    matmul_params = model.block_matmul_params
+    attention = 4.0 * s * s * h  # QK^T and attention x V, 2 s^2 h each (query heads x head dim)
     return 2.0 * s * matmul_params + attention
 
 

@@ -68,12 +68,10 @@ def _run(
 
 def _profile(job_file: Path, output: DemoOutput, cache: Path) -> list[Any]:
     from orchestrator.runtime.discovery import discover_nodes
-    from orchestrator.runtime.jobs import worker_job
+    from orchestrator.runtime.jobs import load_job, worker_job
     from orchestrator.runtime.profiling import profile_device_types
-    from orchestrator.spec.job import JobSpec
-    from orchestrator.spec.loading import load_spec
 
-    job = load_spec(JobSpec, job_file)
+    job = load_job(job_file)
     assert job.profiles is not None
     started_s = time.time()
     done = profile_device_types(

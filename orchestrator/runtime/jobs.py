@@ -3,9 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from orchestrator.runtime.actor import WorkerJob
 from orchestrator.spec.job import JobSpec
+from orchestrator.spec.loading import load_spec
+from orchestrator.spec.model import ModelSpec
+from orchestrator.worker.recipe import OptimizerRecipe
+
+
+def _measure_stack(
+    build: str, sequence_length: int, vocab_size: int, build_kwargs: dict[str, Any]
+) -> ModelSpec:
+    # Imported here: it imports torch and the user's module, only for the ``stack`` form.
+    from orchestrator.models.stack import measured_shape
+
+    return measured_shape(build, sequence_length, vocab_size, build_kwargs)
+
+
+def load_job(path: Path | str) -> JobSpec:
+    """Read and validate a job file; a ``stack`` model's shape is measured from the module."""
+    return load_spec(JobSpec, path, context={"measure_stack": _measure_stack})
 
 
 def model_kwargs(job: JobSpec) -> dict[str, object]:
@@ -20,6 +38,9 @@ def worker_job(job: JobSpec, job_file: Path | str) -> WorkerJob:
     corpus = job.data.corpus
     if corpus is not None:
         corpus = str(job.resolve_path(corpus, job_file))
+    tokens = job.data.tokens
+    if tokens is not None:
+        tokens = str(job.resolve_path(tokens, job_file))
     return WorkerJob(
         model_factory=job.model.factory,
         model_kwargs=model_kwargs(job),
@@ -28,9 +49,30 @@ def worker_job(job: JobSpec, job_file: Path | str) -> WorkerJob:
             "corpus_path": corpus,
             "dataset_factory": job.data.dataset,
             "dataset_kwargs": tuple(sorted(job.data.kwargs.items())),
+            "token_file": tokens,
+            "token_dtype": job.data.dtype.value,
+            "validation_fraction": job.data.validation_fraction,
+            "global_batch_size": job.training.global_batch_size,
+            "vocab_size": job.model.shape.vocab_size,
         },
         schedule=job.training.schedule,
         optimizer=job.training.optimizer,
         learning_rate=job.training.learning_rate,
         seed=job.training.seed,
+        extra={"recipe": optimizer_recipe(job)},
+    )
+
+
+def optimizer_recipe(job: JobSpec) -> OptimizerRecipe:
+    """The job's optimizer, weight decay, learning-rate schedule and clipping."""
+    t = job.training
+    return OptimizerRecipe(
+        name=t.optimizer.value,
+        learning_rate=t.learning_rate,
+        weight_decay=t.weight_decay,
+        warmup_steps=t.warmup_steps,
+        decay=t.lr_decay.value,
+        decay_steps=t.lr_decay_steps or t.steps,
+        min_learning_rate=t.min_learning_rate,
+        grad_clip_norm=t.grad_clip_norm,
     )

@@ -37,6 +37,10 @@ def validate_model(job: WorkerJob, num_planner_layers: int) -> None:
     """
     model = build_model(job.model_factory, dict(job.model_kwargs))
     check_layer_count(model, num_planner_layers)
+    if job.data.get("token_file") is not None:
+        from orchestrator.worker.data import DataConfig, check_data
+
+        check_data(DataConfig(**job.data), job.seed)
 
 
 def validate_model_for_plan(job: WorkerJob, plan: Plan) -> int:

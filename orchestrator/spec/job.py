@@ -9,6 +9,7 @@ join. See docs/job.md. Pure data: no ray or torch here; the runtime turns it int
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    ValidationInfo,
     model_validator,
 )
 
@@ -41,8 +43,23 @@ def _check_import_path(value: str) -> str:
 ImportPath = Annotated[str, AfterValidator(_check_import_path)]
 
 
+HF_FACTORY = "orchestrator.models.hf_causal:make_hf_model"
+STACK_FACTORY = "orchestrator.models.stack:make_stack_model"
+
+
+def _resolved(data: dict[str, Any], factory: str) -> bool:
+    """A section already resolved (a dumped job read again): its shape is kept as it is."""
+    return data.get("factory") == factory and data.get("shape") is not None
+
+
 class ModelSection(BaseModel):
-    """The model: a factory by import path, the shape the planner sees, extra factory arguments."""
+    """The model: a factory by import path, the shape the planner sees, extra factory arguments.
+
+    Or ``huggingface: DIR``, a Hugging Face model folder (relative to the job file): the shape is
+    read from its config.json (training length ``sequence_length``, default the model's context)
+    and the factory is the built-in adapter; ``pretrained`` loads its safetensors (default: when
+    the folder has them). See docs/models.md.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -50,6 +67,70 @@ class ModelSection(BaseModel):
     shape: ModelSpec
     # Passed to the factory beside the shape (dropout, initialisation scale, ...).
     kwargs: dict[str, Any] = {}
+    huggingface: str | None = None
+    pretrained: bool | None = None
+    sequence_length: PositiveInt | None = None
+    # Your own nn.Module ("module:function" returning embed/blocks/head/loss), with its vocab.
+    stack: ImportPath | None = None
+    vocab_size: PositiveInt | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_stack(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict) or data.get("stack") is None:
+            return data
+        if _resolved(data, STACK_FACTORY):
+            return data
+        if "factory" in data or "shape" in data or data.get("huggingface") is not None:
+            raise ValueError("give stack (your module) alone: its shape is measured")
+        if data.get("sequence_length") is None or data.get("vocab_size") is None:
+            raise ValueError("stack needs sequence_length and vocab_size")
+        # The shape is measured from the module itself (counted parameters, one forward): that
+        # needs torch and the user's module, which the spec layer does not import, so the
+        # measurer comes from whoever reads the job (orchestrator.runtime.jobs.load_job).
+        measured_shape = (info.context or {}).get("measure_stack")
+        if measured_shape is None:
+            raise ValueError(
+                "the stack form is measured when a job is run: read this job with "
+                "orchestrator.runtime.jobs.load_job (orchestrator run, profile and export do)"
+            )
+        build_kwargs = dict(data.get("kwargs") or {})
+        shape = measured_shape(
+            str(data["stack"]), int(data["sequence_length"]), int(data["vocab_size"]), build_kwargs
+        )
+        kwargs = {"module": data["stack"], "build_kwargs": build_kwargs}
+        return {**data, "factory": STACK_FACTORY, "shape": shape, "kwargs": kwargs}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_huggingface(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict) or data.get("huggingface") is None:
+            return data
+        if _resolved(data, HF_FACTORY):
+            return data
+        if "factory" in data or "shape" in data:
+            raise ValueError(
+                "give huggingface (a model folder) or factory and shape, not both: "
+                "the shape comes from the folder's config.json"
+            )
+        from orchestrator.spec.hf_config import load_hf_model_spec
+
+        source = (info.context or {}).get("source")
+        folder = Path(str(data["huggingface"]))
+        if source is not None and not folder.is_absolute():
+            folder = Path(source).parent / folder
+        shape = load_hf_model_spec(folder, data.get("sequence_length"))
+        kwargs = {**dict(data.get("kwargs") or {}), "path": str(folder)}
+        if data.get("pretrained") is not None:
+            kwargs["pretrained"] = data["pretrained"]
+        return {**data, "factory": HF_FACTORY, "shape": shape, "kwargs": kwargs}
+
+
+class TokenDtype(StrEnum):
+    """Width of the ids in a token file."""
+
+    UINT16 = "uint16"  # vocabularies up to 65,536 (GPT-2's 50,257)
+    UINT32 = "uint32"
 
 
 class DataSection(BaseModel):
@@ -66,14 +147,29 @@ class DataSection(BaseModel):
     dataset: ImportPath | None = None
     # Passed to the dataset factory beside sequence_length and seed.
     kwargs: dict[str, Any] = {}
+    # A flat binary of token ids (nanoGPT's train.bin; `orchestrator data prepare` writes one).
+    tokens: str | None = None
+    dtype: TokenDtype = TokenDtype.UINT16
+    # The last fraction of the token file's windows, never trained on (validation).
+    validation_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSection:
-        if self.corpus is not None and self.dataset is not None:
+        given = [n for n in ("corpus", "dataset", "tokens") if getattr(self, n) is not None]
+        if len(given) > 1:
             raise ValueError(
-                "give corpus (a text file) or dataset (package.module:function), not both"
+                f"give one of corpus (a text file), tokens (a token file) or dataset "
+                f"(package.module:function), not {' and '.join(given)}"
             )
         return self
+
+
+class LrDecay(StrEnum):
+    """Learning-rate decay after the warm-up."""
+
+    CONSTANT = "constant"
+    LINEAR = "linear"
+    COSINE = "cosine"
 
 
 class JobTrainingSection(TrainingSpec):
@@ -83,6 +179,14 @@ class JobTrainingSection(TrainingSpec):
     learning_rate: PositiveFloat = 3e-4
     seed: int = Field(default=0, ge=0)
     schedule: Schedule = Schedule.ONE_F_ONE_B
+    # The optimizer recipe (orchestrator.worker.recipe): decay on matrices only, a warm-up then
+    # a decay to min_learning_rate at lr_decay_steps (default: steps), global-norm clipping.
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    warmup_steps: int = Field(default=0, ge=0)
+    lr_decay: LrDecay = LrDecay.CONSTANT
+    lr_decay_steps: PositiveInt | None = None
+    min_learning_rate: float = Field(default=0.0, ge=0.0)
+    grad_clip_norm: PositiveFloat | None = None
 
     def planner_spec(self) -> TrainingSpec:
         """The part the planner and cost model read."""

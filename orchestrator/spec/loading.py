@@ -58,21 +58,30 @@ def read_document(path: Path | str) -> Any:
         raise SpecError(f"{p}: not valid YAML/JSON ({detail})", fix="fix the syntax") from None
 
 
-def parse_spec(kind: type[SpecT], raw: Any, source: str) -> SpecT:
-    """Validate an already-parsed document as ``kind``."""
+def parse_spec(
+    kind: type[SpecT], raw: Any, source: str, context: dict[str, Any] | None = None
+) -> SpecT:
+    """Validate an already-parsed document as ``kind``.
+
+    ``context`` carries what a spec may need from the layers above it (e.g. the runtime's
+    measurer of a user's module); it is passed to the validators beside ``source``.
+    """
     if not isinstance(raw, dict):
         raise SpecError(
             f"{source}: expected a mapping of fields at the top level, got {type(raw).__name__}"
         )
     try:
-        return kind.model_validate(raw)
+        # The source lets specs resolve files named relative to it (a job's model folder).
+        return kind.model_validate(raw, context={**(context or {}), "source": source})
     except ValidationError as exc:
         raise SpecError(describe_validation_error(exc, source)) from None
 
 
-def load_spec(kind: type[SpecT], path: Path | str) -> SpecT:
+def load_spec(
+    kind: type[SpecT], path: Path | str, context: dict[str, Any] | None = None
+) -> SpecT:
     """Read and validate a file as ``kind``."""
-    return parse_spec(kind, read_document(path), str(path))
+    return parse_spec(kind, read_document(path), str(path), context)
 
 
 def load_cluster(path: Path | str) -> ClusterSpec:
@@ -80,6 +89,11 @@ def load_cluster(path: Path | str) -> ClusterSpec:
 
 
 def load_model(path: Path | str) -> ModelSpec:
+    """A model.yaml, or a Hugging Face model folder (its config.json gives the shape)."""
+    from orchestrator.spec.hf_config import is_hf_folder, load_hf_model_spec
+
+    if is_hf_folder(path):
+        return load_hf_model_spec(path)
     return load_spec(ModelSpec, path)
 
 

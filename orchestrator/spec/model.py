@@ -20,8 +20,24 @@ class LayerKind(StrEnum):
     HEAD = "head"
 
 
+class Norm(StrEnum):
+    LAYERNORM = "layernorm"  # weight and bias
+    RMSNORM = "rmsnorm"  # weight only
+
+
+class Positions(StrEnum):
+    LEARNED = "learned"  # a table of max_position_embeddings x hidden in the embedding layer
+    ROTARY = "rotary"  # computed inside every block, no parameters
+
+
 class ModelSpec(BaseModel):
-    """Shape of a transformer decoder (learned positions, untied head, GELU MLP, LayerNorm)."""
+    """Shape of a transformer decoder.
+
+    The defaults describe a GPT (learned positions, untied head, GELU MLP, LayerNorm, biases); a
+    Llama-family model sets ``num_kv_heads`` (grouped-query attention), ``gated_mlp`` (SwiGLU: gate,
+    up and down matrices), ``norm: rmsnorm``, ``positions: rotary`` and ``bias: false``.
+    ``orchestrator.spec.hf_config`` reads all of these from a Hugging Face ``config.json``.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -35,6 +51,21 @@ class ModelSpec(BaseModel):
     dtype: Dtype = Dtype.BF16
     # The head reuses the token embedding matrix (GPT-2, GPT-Neo): it then owns only its LayerNorm.
     tie_embeddings: bool = False
+    # Grouped-query attention: key/value heads shared by num_heads / num_kv_heads query heads
+    # (None: as many as query heads, plain multi-head attention).
+    num_kv_heads: PositiveInt | None = None
+    # Gated MLP (SwiGLU, GeGLU): three matrices hidden x ffn instead of two.
+    gated_mlp: bool = False
+    norm: Norm = Norm.LAYERNORM
+    positions: Positions = Positions.LEARNED
+    # Rows of the learned position table (None: sequence_length); GPT-2 has 1024 whatever the
+    # training sequence length.
+    max_position_embeddings: PositiveInt | None = None
+    # Biases on every linear layer but the output projection (GPT-2); Llama has none.
+    bias: bool = True
+    # Counted parameters per planner layer, for models that are not a standard transformer (a
+    # user's own stack of blocks, orchestrator.models.stack); overrides the formulas below.
+    layer_param_counts: list[PositiveInt] | None = None
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> ModelSpec:
@@ -43,7 +74,41 @@ class ModelSpec(BaseModel):
                 f"hidden_size ({self.hidden_size}) must be divisible by num_heads "
                 f"({self.num_heads}); pick num_heads among the divisors of hidden_size"
             )
+        if (
+            self.layer_param_counts is not None
+            and len(self.layer_param_counts) != self.num_layers + 2
+        ):
+            raise ValueError(
+                f"layer_param_counts has {len(self.layer_param_counts)} entries; the model has "
+                f"{self.num_layers + 2} planner layers (blocks + embedding + head)"
+            )
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be divisible by num_kv_heads "
+                f"({self.num_kv_heads}); pick num_kv_heads among the divisors of num_heads"
+            )
         return self
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the key (and of the value) projection: kv heads x head dimension."""
+        heads = self.num_kv_heads or self.num_heads
+        return heads * (self.hidden_size // self.num_heads)
+
+    @property
+    def block_matmul_params(self) -> int:
+        """Weights of one block's matrices (each costs 2 FLOPs per weight per token forward):
+        query and output projections h x h, key and value h x kv_size, and two (plain) or three
+        (gated) MLP matrices h x ffn."""
+        h, f = self.hidden_size, self.ffn_size
+        if self.layer_param_counts is not None:
+            # Counted, not derived: every weight costs 2 FLOPs per token forward, as a matrix's.
+            return self.layer_param_counts[1]
+        mlp_matrices = 3 if self.gated_mlp else 2
+        return 2 * h * h + 2 * h * self.kv_size + mlp_matrices * h * f
+
+    def _norm_params(self) -> int:
+        return 2 * self.hidden_size if self.norm is Norm.LAYERNORM else self.hidden_size
 
     @property
     def ffn_size(self) -> int:
@@ -67,14 +132,24 @@ class ModelSpec(BaseModel):
         """Parameters of planner layer ``index`` (weights and biases)."""
         h, f = self.hidden_size, self.ffn_size
         kind = self.layer_kind(index)
+        if self.layer_param_counts is not None:
+            return self.layer_param_counts[index]
         if kind is LayerKind.EMBEDDING:
-            return self.vocab_size * h + self.sequence_length * h  # tokens + learned positions
+            table = self.vocab_size * h
+            if self.positions is Positions.LEARNED:
+                table += (self.max_position_embeddings or self.sequence_length) * h
+            return table
         if kind is LayerKind.HEAD:
             if self.tie_embeddings:
-                return 2 * h  # final LayerNorm; the projection is the embedding's matrix
-            return 2 * h + self.vocab_size * h  # final LayerNorm + untied output projection
-        # qkv (3h^2+3h) + out proj (h^2+h) + fc1 (hf+f) + fc2 (fh+h) + two LayerNorms (4h)
-        return 4 * h * h + 2 * h * f + 9 * h + f
+                # The final norm; the projection is the embedding's matrix. (The runtime keeps a
+                # copy of it on the last stage; the planner charges memory for the norm alone.)
+                return self._norm_params()
+            return self._norm_params() + self.vocab_size * h
+        # Matrices, then biases (q, k, v, out; MLP up (and gate), down), then two norms.
+        biases = 0
+        if self.bias:
+            biases = 2 * h + 2 * self.kv_size + (2 if self.gated_mlp else 1) * f + h
+        return self.block_matmul_params + biases + 2 * self._norm_params()
 
     @property
     def total_params(self) -> int:
@@ -90,6 +165,7 @@ class Schedule(StrEnum):
 
 class Optimizer(StrEnum):
     ADAM = "adam"
+    ADAMW = "adamw"  # Adam with decoupled weight decay: the same state as Adam
     SGD = "sgd"
 
 
@@ -126,7 +202,7 @@ class TrainingSpec(BaseModel):
         SGD with momentum: weights + grads + momentum (+ fp32 master under mixed precision).
         """
         w = model_dtype.size_bytes if self.mixed_precision else 4
-        if self.optimizer is Optimizer.ADAM:
+        if self.optimizer in (Optimizer.ADAM, Optimizer.ADAMW):
             return 2 * w + (12 if self.mixed_precision and w == 2 else 8)
         return 2 * w + (8 if self.mixed_precision and w == 2 else 4)
 

@@ -33,6 +33,13 @@ class DataConfig:
     corpus_path: str | None = None
     dataset_factory: str | None = None
     dataset_kwargs: tuple[tuple[str, Any], ...] = ()
+    # A token file (orchestrator.worker.data_tokens) and its id width.
+    token_file: str | None = None
+    token_dtype: str = "uint16"
+    validation_fraction: float = 0.0
+    # For the checks before anything starts (file long enough, ids within the vocabulary).
+    global_batch_size: int | None = None
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         # Accept a mapping (as written in a job file); store sorted pairs so the config hashes.
@@ -87,7 +94,20 @@ class CorpusDataset:
 
 
 def make_dataset(config: DataConfig, seed: int = 0) -> Dataset:
-    """Build the dataset a :class:`DataConfig` names."""
+    """Build the dataset a :class:`DataConfig` names (a token file is checked here too)."""
+    if config.token_file is not None:
+        from orchestrator.worker.data_tokens import TokenFileDataset
+
+        tokens = TokenFileDataset(
+            config.token_file,
+            config.token_dtype,
+            config.sequence_length,
+            seed,
+            config.validation_fraction,
+        )
+        if config.global_batch_size is not None:
+            tokens.check(config.global_batch_size, config.vocab_size)
+        return tokens
     if config.dataset_factory:
         factory = load_factory(config.dataset_factory, field="data.dataset_factory")
         dataset = factory(
@@ -113,3 +133,8 @@ def make_dataset(config: DataConfig, seed: int = 0) -> Dataset:
             fix="point to a readable text file, or leave it empty for the built-in corpus",
         ) from None
     return CorpusDataset(data, config.sequence_length, seed)
+
+
+def check_data(config: DataConfig, seed: int = 0) -> None:
+    """Open the data as a worker would and run its checks (before anything starts)."""
+    make_dataset(config, seed)

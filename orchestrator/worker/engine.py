@@ -26,12 +26,21 @@ from orchestrator.errors import SpecError
 from orchestrator.spec.plan import Plan
 from orchestrator.worker import topology
 from orchestrator.worker.data import DataConfig, make_dataset
+from orchestrator.worker.dropout import sample_streams
 from orchestrator.worker.emulation import Stretcher
 from orchestrator.worker.groups import GradientGroups, backend_for_device, init_world
 from orchestrator.worker.model_api import LayeredModel, build_model, check_layer_count
-from orchestrator.worker.optim import make_optimizer
+from orchestrator.worker.optim import (
+    clip_coefficient,
+    make_recipe_optimizer,
+    scale_gradients,
+    set_learning_rate,
+    squared_norm,
+)
 from orchestrator.worker.pipeline import PipelineRunner
+from orchestrator.worker.recipe import OptimizerRecipe
 from orchestrator.worker.schedule import Schedule, microbatch_sizes
+from orchestrator.worker.tied import TiedGradients, copy_initial_weights, tied_copies
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +61,14 @@ class EngineConfig:
     # Emulation: >1 stretches measured compute time; 1.0 = real speed. Refused on real GPUs.
     slowdown_factor: float = 1.0
     device: str | None = None  # None: cuda if available, else cpu
+    # Weight decay, schedule, clipping; None: ``optimizer`` at a constant ``learning_rate``.
+    recipe: OptimizerRecipe | None = None
+
+    @property
+    def optimizer_recipe(self) -> OptimizerRecipe:
+        if self.recipe is not None:
+            return self.recipe
+        return OptimizerRecipe(name=self.optimizer, learning_rate=self.learning_rate)
 
 
 @dataclass(frozen=True)
@@ -104,12 +121,16 @@ class StageEngine:
             )
         self.stretcher = Stretcher(config.slowdown_factor)
         self.layers = build_layers(self.model, self.spec.layer_indices, config.seed, self.device)
+        copy_initial_weights(self.model, self.layers, config.seed, self.device)
+        self.recipe = config.optimizer_recipe
         self.optimizers = {
-            i: make_optimizer(config.optimizer, layer.parameters(), config.learning_rate)
+            i: make_recipe_optimizer(self.recipe, layer.named_parameters())
             for i, layer in self.layers.items()
         }
+        self._step = 0
         self.dataset = make_dataset(config.data, config.seed) if self._needs_data else None
         self.groups: GradientGroups | None = None
+        self.tied: TiedGradients | None = None
         self.runner: PipelineRunner | None = None
         if self.stretcher.emulated:
             log.info(
@@ -137,6 +158,7 @@ class StageEngine:
         backend = backend_for_device(self.device)
         init_world(backend, master_addr, master_port, self.config.rank, world_size, timeout_s)
         self.groups = GradientGroups(self.config.plan, self.config.rank)
+        self.tied = TiedGradients(self.model, self.config.plan, self.config.rank)
         self.runner = PipelineRunner(
             spec=self.spec,
             layers=[self.layers[i] for i in self.spec.layer_indices],
@@ -170,9 +192,35 @@ class StageEngine:
         inputs, targets = self._batch(step)
         sizes = microbatch_sizes(self.spec.replica_batch_size, self.config.plan.microbatch_size)
         weights = [m / self.config.plan.global_batch_size for m in sizes]
-        loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets)
+        offset = self.spec.replica_sample_offset
+        with sample_streams(self.config.seed, step, offset, sizes):  # seeded dropout, if any
+            loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets)
         self.groups.all_reduce(self.layers)
+        if self.tied is not None:
+            self.tied.all_reduce(self.layers)
+        if self.recipe.grad_clip_norm is not None:
+            self._clip_gradients(self.recipe.grad_clip_norm)
+        self._step = step
         return loss
+
+    def _clip_gradients(self, max_norm: float) -> None:
+        """Clip by the global norm: each layer's squared norm counted by one holder (the lowest
+        rank holding it; tied copies not at all), summed in one scalar all-reduce."""
+        copies = tied_copies(self.model)
+        owners = topology.checkpoint_writers(self.config.plan)  # lowest holder of each layer
+        counted = [
+            p
+            for i, layer in self.layers.items()
+            if owners[i] == self.spec.rank
+            for name, p in layer.named_parameters()
+            if (i, name) not in copies
+        ]
+        total = squared_norm(counted, self.device)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        coefficient = clip_coefficient(float(total), max_norm)
+        scale_gradients(
+            (p for layer in self.layers.values() for p in layer.parameters()), coefficient
+        )
 
     def apply_update(self) -> None:
         """The optimizer step of every layer this rank holds (stretched when emulated)."""
@@ -207,7 +255,9 @@ class StageEngine:
         )
 
     def _update(self) -> None:
+        learning_rate = self.recipe.learning_rate_at(self._step)
         for opt in self.optimizers.values():
+            set_learning_rate(opt, learning_rate)
             opt.step()
 
     def _sync(self) -> None:

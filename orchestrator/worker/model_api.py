@@ -15,7 +15,10 @@ Contract, so that any plan computes the same update as single-process training:
   ``boundary_dtype`` (what crosses a stage boundary).
 - ``loss(output, targets)`` is the *mean* loss over the samples of one microbatch; the engine
   weights it by ``microbatch_size / global_batch_size``.
-- no randomness in forward (no dropout), or the engine cannot reproduce it across plans.
+- no randomness in forward, or the engine cannot reproduce it across plans; dropout is allowed
+  through ``orchestrator.worker.dropout.seeded_forward`` (seeded per step, layer and sample).
+- optionally ``tied_parameters``: groups of ``(planner layer, parameter name)`` that are one
+  weight (a tied LM head); the engine keeps the copies equal (``orchestrator.worker.tied``).
 """
 
 from __future__ import annotations

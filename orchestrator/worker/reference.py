@@ -12,9 +12,18 @@ from typing import Any
 import torch
 
 from orchestrator.worker.data import DataConfig, make_dataset
+from orchestrator.worker.dropout import sample_streams
 from orchestrator.worker.engine import build_layers
 from orchestrator.worker.model_api import build_model
-from orchestrator.worker.optim import make_optimizer
+from orchestrator.worker.optim import (
+    clip_coefficient,
+    make_recipe_optimizer,
+    scale_gradients,
+    set_learning_rate,
+    squared_norm,
+)
+from orchestrator.worker.recipe import OptimizerRecipe
+from orchestrator.worker.tied import copy_initial_weights, sum_local, unique_parameters
 
 
 class ReferenceTrainer:
@@ -29,15 +38,18 @@ class ReferenceTrainer:
         optimizer: str = "adam",
         learning_rate: float = 3e-4,
         seed: int = 0,
+        recipe: OptimizerRecipe | None = None,
     ) -> None:
         self.model = build_model(model_factory, model_kwargs)
         self.layers = build_layers(
             self.model, range(self.model.num_planner_layers), seed, torch.device("cpu")
         )
-        params = [p for layer in self.layers.values() for p in layer.parameters()]
-        self.optimizer = make_optimizer(optimizer, params, learning_rate)
+        copy_initial_weights(self.model, self.layers, seed, torch.device("cpu"))
+        self.recipe = recipe or OptimizerRecipe(name=optimizer, learning_rate=learning_rate)
+        self.optimizer = make_recipe_optimizer(self.recipe, named_all(self.layers))
         self.dataset = make_dataset(data, seed)
         self.global_batch_size = global_batch_size
+        self.seed = seed
 
     def train_step(self, step: int) -> float:
         """One step on the whole global batch; returns its mean loss."""
@@ -46,10 +58,17 @@ class ReferenceTrainer:
         )
         self.optimizer.zero_grad(set_to_none=True)
         out = inputs
-        for i in range(self.model.num_planner_layers):
-            out = self.layers[i](out)
+        with sample_streams(self.seed, step, 0, [self.global_batch_size]):
+            for i in range(self.model.num_planner_layers):
+                out = self.layers[i](out)
         loss = self.model.loss(out, targets)
         loss.backward()
+        sum_local(self.model, self.layers)
+        if self.recipe.grad_clip_norm is not None:
+            total = squared_norm(unique_parameters(self.model, self.layers), torch.device("cpu"))
+            coefficient = clip_coefficient(float(total), self.recipe.grad_clip_norm)
+            scale_gradients((p for _, p in named_all(self.layers)), coefficient)
+        set_learning_rate(self.optimizer, self.recipe.learning_rate_at(step))
         self.optimizer.step()
         return float(loss.detach())
 
@@ -59,3 +78,8 @@ class ReferenceTrainer:
             i: {k: v.detach().clone() for k, v in layer.state_dict().items()}
             for i, layer in self.layers.items()
         }
+
+
+def named_all(layers: dict[int, torch.nn.Module]) -> list[tuple[str, torch.nn.Parameter]]:
+    """Every parameter of ``layers`` (tied copies included), named ``layer.name``."""
+    return [(f"{i}.{n}", p) for i, layer in layers.items() for n, p in layer.named_parameters()]

@@ -76,9 +76,9 @@ class ElasticJob:
     ) -> ElasticJob:
         """Load the job at ``job_file`` and check it (see :meth:`from_spec`); ``address``
         overrides ``cluster.address``."""
-        from orchestrator.spec.loading import load_spec
+        from orchestrator.runtime.jobs import load_job
 
-        job = load_spec(JobSpec, Path(job_file))
+        job = load_job(Path(job_file))
         if address:
             cluster = job.cluster.model_copy(update={"address": address})
             job = job.model_copy(update={"cluster": cluster})
