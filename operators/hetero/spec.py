@@ -125,6 +125,21 @@ class JobSpec(BaseModel):
     pod: PodSettings = PodSettings()
 
     @model_validator(mode="after")
+    def _checkpoints_on_shared_storage(self) -> JobSpec:
+        checkpoint = self.job.get("checkpoint")
+        directory = checkpoint.get("dir") if isinstance(checkpoint, dict) else None
+        if not isinstance(directory, str):
+            return self
+        mounts = [str(m.get("mountPath", "")).rstrip("/") for m in self.pod.volumeMounts]
+        if not any(m and (directory == m or directory.startswith(m + "/")) for m in mounts):
+            raise ValueError(
+                f"job.checkpoint.dir {directory!r} is on no shared volume, so a replaced pod "
+                "could not read the checkpoints; mount a ReadWriteMany claim there with "
+                "pod.volumes and pod.volumeMounts"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _unique_pools(self) -> JobSpec:
         names = [p.name for p in self.pools]
         duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -205,7 +205,12 @@ def test_chart_and_operator_render_the_same_worker_groups() -> None:
 
     values = yaml.safe_load((EXAMPLES / "three-pools.yaml").read_text())
     (chart_cluster,) = cluster_specs(render(EXAMPLES / "three-pools.yaml"))
-    spec = parse_job_spec({"image": "img:1", "pools": values["pools"], "job": values["job"]})
+    storage = values["storage"]
+    pod = {"volumes": [{"name": "storage",
+                        "persistentVolumeClaim": {"claimName": storage["claimName"]}}],
+           "volumeMounts": [{"name": "storage", "mountPath": storage["mountPath"]}]}
+    spec = parse_job_spec({"image": "img:1", "pools": values["pools"], "job": values["job"],
+                           "pod": pod})
     operator_cluster = render_raycluster("llm-orchestrator", "training", spec)
     keys = ("groupName", "replicas", "minReplicas", "maxReplicas", "labels")
     for chart_group, op_group in zip(chart_cluster["workerGroupSpecs"],

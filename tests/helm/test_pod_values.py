@@ -249,3 +249,24 @@ def test_prometheus_rule_ships_the_alerts_and_a_controller_down_alert() -> None:
     assert "{{ $labels.run }}" in alerts["OrchestratorJobStalled"]["annotations"]["summary"]
     assert not by_kind(render(EXAMPLES / "one-pool.yaml", sets=("monitoring.enabled=true",)),
                        "PrometheusRule")
+
+
+def test_checkpoints_without_shared_storage_fail_in_chart_and_operator() -> None:
+    result = helm("template", "llm", str(CHART), "-f", str(EXAMPLES / "one-pool.yaml"),
+                  "--set", "storage.claimName=", check=False)
+    assert result.returncode != 0
+    assert "job.checkpoint.dir" in result.stderr and "storage.claimName" in result.stderr
+    # A volume of one's own at the checkpoint path is fine too.
+    render(EXAMPLES / "one-pool.yaml", sets=(
+        "storage.claimName=", "pod.volumes[0].name=ckpt",
+        "pod.volumes[0].persistentVolumeClaim.claimName=mine",
+        "pod.volumeMounts[0].name=ckpt", "pod.volumeMounts[0].mountPath=/mnt/checkpoints"))
+
+    from operators.hetero.spec import parse_job_spec
+    from orchestrator.errors import SpecError
+
+    (job,) = by_kind(render(EXAMPLES / "operator.yaml"), "HeteroTrainingJob")
+    parse_job_spec(job["spec"])
+    spec = {**job["spec"], "pod": {}}
+    with pytest.raises(SpecError, match="no shared volume"):
+        parse_job_spec(spec)

@@ -53,6 +53,10 @@ def job_spec(controller_url: str | None = None, **overrides: Any) -> dict[str, A
             "data": {},
             "checkpoint": {"dir": "/ckpt", "interval_steps": 10},
         },
+        # Checkpoints on storage every pod shares.
+        "pod": {"volumes": [{"name": "storage",
+                             "persistentVolumeClaim": {"claimName": "training-data"}}],
+                "volumeMounts": [{"name": "storage", "mountPath": "/ckpt"}]},
     }
     if controller_url:
         spec["controllerURL"] = controller_url

@@ -48,6 +48,20 @@ orchestrator.io/job: {{ include "orchestrator.fullname" . }}
 
 {{/* Checks a schema cannot express. */}}
 {{- define "orchestrator.validate" -}}
+{{- $checkpoint := .Values.job.checkpoint | default dict -}}
+{{- with $checkpoint.dir -}}
+{{- $dir := . -}}
+{{- $mounts := list -}}
+{{- if $.Values.storage.claimName -}}{{- $mounts = append $mounts $.Values.storage.mountPath -}}{{- end -}}
+{{- range $.Values.pod.volumeMounts -}}{{- $mounts = append $mounts .mountPath -}}{{- end -}}
+{{- $covered := false -}}
+{{- range $mounts -}}
+{{- if or (eq $dir .) (hasPrefix (printf "%s/" (trimSuffix "/" .)) $dir) -}}{{- $covered = true -}}{{- end -}}
+{{- end -}}
+{{- if not $covered -}}
+{{- fail (printf "job.checkpoint.dir %q is on no shared volume, so a replaced pod could not read the checkpoints; set storage.claimName (a ReadWriteMany PersistentVolumeClaim mounted at storage.mountPath) or mount a volume there with pod.volumes and pod.volumeMounts" $dir) -}}
+{{- end -}}
+{{- end -}}
 {{- $names := list -}}
 {{- range .Values.pools -}}
 {{- if has .name $names -}}
