@@ -131,6 +131,12 @@ def reconcile_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     kube: Kube = memo.kube
     spec = _parse_or_fail(kube, body)
     meta = body["metadata"]
+    if job_ended(dict(body.get("status") or {})):
+        # Its RayCluster was shut down when the RayJob ended; re-applying would bring the GPUs
+        # back for nothing (e.g. on an operator restart).
+        _write_status(kube, body, {"message": "the job has ended; delete and re-create the "
+                                              "HeteroTrainingJob to run it again"})
+        return
     try:
         live = kube.get(render_raycluster(meta["name"], meta["namespace"], spec))
         if live is not None:
@@ -308,6 +314,11 @@ def _report_expired_not_ready(memo: kopf.Memo, namespace: str, job_name: str,
 
 # RayJob status.jobStatus values that end a job, and the phase each means.
 FINAL_PHASE = {"SUCCEEDED": "Finished", "FAILED": "Failed", "STOPPED": "Failed"}
+
+
+def job_ended(status: dict[str, Any]) -> bool:
+    """Whether a job's status says its RayJob has ended (the operator wrote the final phase)."""
+    return str(status.get("jobStatus")) in FINAL_PHASE
 
 
 def _finish_if_done(kube: Kube, body: kopf.Body, spec: JobSpec) -> bool:

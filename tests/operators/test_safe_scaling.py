@@ -151,3 +151,12 @@ def test_pod_info_reads_the_pool_node_and_deletion() -> None:
            "spec": {"nodeName": "n1"}}
     assert pod_info(pod) == PodInfo("w-1", "a100", "n1", True)
     assert pod_info({"metadata": {"name": "w-2"}, "spec": {}}).node is None
+
+
+def test_an_ended_job_is_recognised_from_its_status() -> None:
+    from operators.hetero.handlers import FINAL_PHASE, job_ended
+
+    assert FINAL_PHASE == {"SUCCEEDED": "Finished", "FAILED": "Failed", "STOPPED": "Failed"}
+    assert job_ended({"phase": "Finished", "jobStatus": "SUCCEEDED"})
+    assert not job_ended({"phase": "Running"})
+    assert not job_ended({"jobStatus": "RUNNING"})
