@@ -66,6 +66,34 @@ def test_recovery_and_checkpoint_panels_use_windows() -> None:
         if section:
             for target in panel["targets"]:
                 expr = target["expr"]
-                assert "rate(" in expr or "increase(" in expr, (panel["title"], expr)
+                windowed = "rate(" in expr or "increase(" in expr or "offset 10m" in expr
+                assert windowed, (panel["title"], expr)
                 checked += 1
     assert checked >= 6
+
+
+def test_window_counts_a_first_recovery(tmp_path: Path) -> None:
+    """The series of a run's first recovery appears with the recovery; the panel still shows it,
+    and ten minutes later it is out of the window."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found: scripts/install_tools.sh installs Prometheus")
+    doc = json.loads(DASHBOARD.read_text())
+    (panel,) = [p for p in doc["panels"] if p["title"].startswith("Lost steps and recoveries")]
+    expr = panel["targets"][1]["expr"].replace("$run", "r")
+    # Absent for 2 minutes, then 1 recovery (the series appears), 2 more minutes.
+    values = "_x8 1x8"
+    cases = [{"expr": expr, "eval_time": "150s", "exp_samples": [{"labels": '{run="r"}',
+                                                                  "value": 1}]},
+             {"expr": expr, "eval_time": "60s", "exp_samples": []}]
+    test = {"rule_files": [], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [{"series": 'orchestrator_recoveries_total{run="r", reason="failure"}',
+                          "values": values}],
+        "promql_expr_test": cases,
+    }]}
+    path = tmp_path / "window.test.yaml"
+    path.write_text(yaml.safe_dump(test))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
