@@ -7,16 +7,25 @@ Run with ``python -m operators.hetero --namespace NS``
   permanent error with a Warning event and ``status.phase: Failed``), render the ConfigMap,
   RayCluster and RayJob, apply them, write ``status``.
 - HeteroTrainingJob deleted: delete its children (owner references would too, on a real cluster).
-- Node watch event: tell each affected run's controller (``POST /v1/node-events``), then set pool
-  replicas to what the usable nodes hold, within min/max.
-- Every ``STATUS_INTERVAL_S``: read the controller's metrics into ``status``.
+- Node watch event: tell each affected run's controller (``POST /v1/node-events``, with the
+  bearer token of the node-events Secret), then resize the pools.
+- Every ``STATUS_INTERVAL_S``: report nodes whose NotReady outlasted the grace period; when the
+  RayJob has ended, write the final phase and delete the RayCluster (its GPUs go back); else read
+  the controller's metrics into ``status``.
+
+Resizing never works from a partial view: it lists Nodes and the job's pods first (a fresh,
+complete view, also right after a restart, when the watch has not yet replayed every Node), and
+it shrinks a pool only by naming the pods on departing nodes (``scaleStrategy.workersToDelete``).
+Where the lists cannot be read, nothing is resized.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import kopf
@@ -24,12 +33,30 @@ import kopf
 from operators.hetero import GROUP, PLURAL, VERSION
 from operators.hetero.delivery import with_retries
 from operators.hetero.kube import Kube, load_client
-from operators.hetero.nodes import NodeState, node_event, node_state
+from operators.hetero.nodes import (
+    NodeEvent,
+    NodeEventKind,
+    NodeState,
+    node_event,
+    node_state,
+)
 from operators.hetero.notify import fetch_metrics, send_node_event
-from operators.hetero.reconcile import desired_replicas, replica_patch, status_from_metrics
-from operators.hetero.render import controller_url, render_children, render_raycluster
+from operators.hetero.reconcile import (
+    desired_replicas,
+    pod_info,
+    scale_patch,
+    status_from_metrics,
+)
+from operators.hetero.render import (
+    JOB_LABEL,
+    controller_url,
+    render_children,
+    render_raycluster,
+    render_rayjob,
+)
 from operators.hetero.spec import JobSpec, parse_job_spec
 from orchestrator.errors import SpecError, TransientError
+from orchestrator.telemetry.auth import TOKEN_FILE_ENV, read_token_file
 
 STATUS_INTERVAL_S = 15.0
 RETRY_DELAY_S = 5.0
@@ -56,6 +83,28 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.scanning.disabled = True
     memo.kube = Kube(load_client())
     memo.node_states = {}
+    memo.lost_reported = {}  # (namespace, job) -> names of nodes reported lost by the timer
+    memo.token = _token()
+
+
+def _token() -> str | None:
+    """The node-events token (``ORCHESTRATOR_NODE_EVENTS_TOKEN_FILE``), None where unset."""
+    path = os.environ.get(TOKEN_FILE_ENV)
+    if not path:
+        return None
+    try:
+        return read_token_file(path)
+    except (OSError, ValueError) as exc:
+        # Without it every event would be refused; say so once, loudly, and keep resizing.
+        log.error("%s=%s unreadable (%s): node events will be refused", TOKEN_FILE_ENV, path, exc)
+        return None
+
+
+def _fresh_nodes(kube: Kube) -> dict[str, NodeState]:
+    """Every Node, read now (TransientError where the API cannot list them)."""
+    now = time.time()
+    states = (node_state(n, now_unix_s=now) for n in kube.list_nodes())
+    return {s.name: s for s in states}
 
 
 def _write_status(kube: Kube, body: Any, status: dict[str, Any]) -> None:
@@ -81,10 +130,26 @@ def reconcile_job(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Render the job's children from its spec and apply them; write the first status."""
     kube: Kube = memo.kube
     spec = _parse_or_fail(kube, body)
-    replicas = desired_replicas(spec, memo.node_states.values()) if memo.node_states else None
+    meta = body["metadata"]
+    if job_ended(dict(body.get("status") or {})):
+        # Its RayCluster was shut down when the RayJob ended; re-applying would bring the GPUs
+        # back for nothing (e.g. on an operator restart).
+        _write_status(kube, body, {"message": "the job has ended; delete and re-create the "
+                                              "HeteroTrainingJob to run it again"})
+        return
     try:
+        live = kube.get(render_raycluster(meta["name"], meta["namespace"], spec))
+        if live is not None:
+            # An existing cluster keeps its replicas: only the scaling path below changes them,
+            # from a complete view and by naming pods.
+            replicas = {g["groupName"]: int(g.get("replicas") or 0)
+                        for g in live["spec"].get("workerGroupSpecs") or []}
+        else:
+            replicas = desired_replicas(spec, _fresh_nodes(kube).values())
         for child in render_children(dict(body), spec, replicas):
             kube.apply(child)
+        if live is not None:
+            _resize_pools(kube, meta["namespace"], meta["name"], spec)
     except TransientError as exc:
         raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY_S) from exc
     phase = (body.get("status") or {}).get("phase")
@@ -133,19 +198,28 @@ def node_changed(
 ) -> None:
     """Report the Node's change to each affected controller, then resize the pools."""
     name = body["metadata"]["name"]
+    now = time.time()
     previous: NodeState | None = memo.node_states.get(name)
-    current = None if type == "DELETED" else node_state(dict(body))
+    current = None if type == "DELETED" else node_state(dict(body), now_unix_s=now)
+    if (current is not None and previous is not None and not current.ready
+            and previous.not_ready_since_unix_s is not None):
+        # Still NotReady: the grace period runs from when it was first seen so.
+        since = min(previous.not_ready_since_unix_s,
+                    current.not_ready_since_unix_s or previous.not_ready_since_unix_s)
+        current = replace(current, not_ready_since_unix_s=since).at(now)
     if current is None:
         memo.node_states.pop(name, None)
     else:
         memo.node_states[name] = current
-    event = node_event(current, previous, now_unix_s=time.time())
+    event = node_event(current, previous, now_unix_s=now)
     if event is None:
         return
     log.info("node %s: %s (%s)", name, event.event, event.reason)
     for (namespace, job_name), specs in hetero_jobs.items():
         for raw_spec in specs:
             state = current or previous
+            if event.event is NodeEventKind.NOT_READY:
+                memo.lost_reported.setdefault((namespace, job_name), set()).add(name)
             _handle_node_event_for_job(memo, namespace, job_name, raw_spec, event, state)
 
 
@@ -156,22 +230,35 @@ def _handle_node_event_for_job(memo, namespace, job_name, raw_spec, event, state
         return
     if state is not None and not _affected(spec, state):
         return
-    url = controller_url(job_name, namespace, spec)
+    _notify(memo, controller_url(job_name, namespace, spec), event)
     try:
-        with_retries(lambda: send_node_event(url, event))
+        _resize_pools(memo.kube, namespace, job_name, spec)
+    except TransientError as exc:
+        log.warning("job %s/%s not resized: %s", namespace, job_name, exc)
+
+
+def _notify(memo: kopf.Memo, url: str, event: NodeEvent) -> None:
+    try:
+        with_retries(lambda: send_node_event(url, event, token=memo.token))
     except TransientError as exc:
         log.warning("%s", exc)  # the controller's own heartbeat still catches the change
-    _resize_pools(memo.kube, namespace, job_name, spec, memo.node_states.values())
+    except PermissionError as exc:
+        log.error("%s", exc)
 
 
-def _resize_pools(kube: Kube, namespace: str, job_name: str, spec: JobSpec, nodes) -> None:
-    wanted = desired_replicas(spec, nodes)
+def _resize_pools(kube: Kube, namespace: str, job_name: str, spec: JobSpec) -> None:
+    """Resize the job's pools from a complete view: every Node and the job's pods, read now."""
     cluster = kube.get(render_raycluster(job_name, namespace, spec))
     if cluster is None:
         return
-    patch = replica_patch(cluster, wanted)
+    nodes = _fresh_nodes(kube)
+    pods = [pod_info(p) for p in kube.list_pods(namespace, f"{JOB_LABEL}={job_name}")]
+    wanted = desired_replicas(spec, nodes.values())
+    patch = scale_patch(cluster, wanted, pods, nodes)
     if patch is not None:
-        log.info("job %s/%s: pool replicas -> %s", namespace, job_name, wanted)
+        groups = {g["groupName"]: (g["replicas"], (g.get("scaleStrategy") or {}).get(
+            "workersToDelete", [])) for g in patch["spec"]["workerGroupSpecs"]}
+        log.info("job %s/%s: pool replicas and pods to delete -> %s", namespace, job_name, groups)
         kube.patch_custom(cluster, patch)
 
 
@@ -183,6 +270,9 @@ def refresh_status(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     except SpecError:
         return
     meta = body["metadata"]
+    _report_expired_not_ready(memo, meta["namespace"], meta["name"], spec)
+    if _finish_if_done(memo.kube, body, spec):
+        return
     try:
         text = fetch_metrics(controller_url(meta["name"], meta["namespace"], spec))
     except TransientError as exc:
@@ -190,3 +280,69 @@ def refresh_status(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         return
     previous = dict(body.get("status") or {})
     _write_status(memo.kube, body, status_from_metrics(text, previous, now_iso=_now_iso()))
+
+
+def _report_expired_not_ready(memo: kopf.Memo, namespace: str, job_name: str,
+                              spec: JobSpec) -> None:
+    """Nodes NotReady past the grace period since the last watch event: report and resize.
+
+    A NotReady node often gets no further watch events (its kubelet is what stopped), so the
+    grace period runs out here, on the job's timer.
+    """
+    now = time.time()
+    reported = memo.lost_reported.setdefault((namespace, job_name), set())
+    expired = []
+    for name, state in list(memo.node_states.items()):
+        current = state.at(now)
+        memo.node_states[name] = current
+        if not current.lost:
+            reported.discard(name)
+        elif name not in reported and current.is_gpu_node and _affected(spec, current):
+            expired.append(current)
+    for state in expired:
+        reported.add(state.name)
+        event = node_event(state, replace(state, lost=False), now_unix_s=now)
+        if event is not None:
+            log.info("node %s: %s (%s)", state.name, event.event, event.reason)
+            _notify(memo, controller_url(job_name, namespace, spec), event)
+    if expired:
+        try:
+            _resize_pools(memo.kube, namespace, job_name, spec)
+        except TransientError as exc:
+            log.warning("job %s/%s not resized: %s", namespace, job_name, exc)
+
+
+# RayJob status.jobStatus values that end a job, and the phase each means.
+FINAL_PHASE = {"SUCCEEDED": "Finished", "FAILED": "Failed", "STOPPED": "Failed"}
+
+
+def job_ended(status: dict[str, Any]) -> bool:
+    """Whether a job's status says its RayJob has ended (the operator wrote the final phase)."""
+    return str(status.get("jobStatus")) in FINAL_PHASE
+
+
+def _finish_if_done(kube: Kube, body: kopf.Body, spec: JobSpec) -> bool:
+    """Once the RayJob has ended: final phase in status, RayCluster deleted. True if ended."""
+    meta = body["metadata"]
+    try:
+        rayjob = kube.get(render_rayjob(meta["name"], meta["namespace"], spec))
+    except TransientError as exc:
+        log.debug("%s", exc)
+        return False
+    job_status = ((rayjob or {}).get("status") or {}).get("jobStatus")
+    phase = FINAL_PHASE.get(str(job_status))
+    if phase is None:
+        return False
+    try:
+        deleted = kube.delete(render_raycluster(meta["name"], meta["namespace"], spec))
+    except TransientError as exc:
+        log.warning("RayCluster of %s/%s not deleted yet: %s", meta["namespace"], meta["name"], exc)
+        return True
+    previous = dict(body.get("status") or {})
+    if deleted or previous.get("phase") != phase:
+        _write_status(kube, body, {
+            "phase": phase,
+            "jobStatus": job_status,
+            "message": f"RayJob ended ({job_status}); its RayCluster was shut down",
+        })
+    return True

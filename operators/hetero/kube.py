@@ -126,6 +126,12 @@ class Kube:
         nodes = self._call("list nodes", self.core.list_node)
         return [self.core.api_client.sanitize_for_serialization(n) for n in nodes.items]
 
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """Pods in ``namespace`` matching ``label_selector``, as plain dicts."""
+        pods = self._call("list pods", self.core.list_namespaced_pod, namespace,
+                          label_selector=label_selector)
+        return [self.core.api_client.sanitize_for_serialization(p) for p in pods.items]
+
     def list_jobs(self, group: str, version: str, plural: str) -> list[dict[str, Any]]:
         """Every HeteroTrainingJob in every namespace the client may read."""
         found = self._call("list jobs", self.custom.list_cluster_custom_object,

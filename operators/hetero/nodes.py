@@ -17,7 +17,7 @@ Only GPU nodes (labelled ``nvidia.com/gpu.product`` or offering ``nvidia.com/gpu
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -26,16 +26,35 @@ from orchestrator.spec.labels import ACCELERATOR_LABEL, DEVICE_TYPE_LABEL
 
 CORDON_TAINT = "node.kubernetes.io/unschedulable"
 
-# Spot / preemption taints and the notice each provider gives before the machine goes (seconds):
-# AWS interruption notice 2 min (EC2 docs), GCE preemption notice 30 s (Compute Engine docs),
-# Azure Spot eviction notice 30 s (Scheduled Events docs).
+# Taints that announce a node is going away, and the notice before it goes (seconds), each from
+# the documentation of what sets it:
+# - aws-node-termination-handler (NTH): spot-itn on an EC2 Spot interruption notice (2 minutes
+#   before the instance stops); rebalance-recommendation on an EC2 rebalance signal, which comes
+#   before the interruption notice, so 2 minutes is the shortest it can leave.
+# - GKE's graceful node shutdown: cloud.google.com/impending-node-termination on a Spot /
+#   preemptible VM being preempted (Compute Engine gives 30 s).
+# - Karpenter v1: karpenter.sh/disrupted when it starts draining a node it is removing; pods get
+#   their termination grace period (30 s by default).
+# - Cluster autoscaler: ToBeDeletedByClusterAutoscaler on a node it is scaling down (its value is
+#   the time it was added, in unix seconds), drained at once with the pods' grace period.
+# Azure has no eviction taint (AKS Spot nodes carry kubernetes.azure.com/scalesetpriority=spot
+# from the start, which announces nothing), so none is listed.
 SPOT_TAINT_NOTICE_S: dict[str, float] = {
     "aws-node-termination-handler/spot-itn": 120.0,
     "aws-node-termination-handler/rebalance-recommendation": 120.0,
     "cloud.google.com/impending-node-termination": 30.0,
-    "kubernetes.azure.com/scalesetpriority-eviction": 30.0,
     "karpenter.sh/disrupted": 30.0,
+    "ToBeDeletedByClusterAutoscaler": 30.0,
 }
+
+# Set by an administrator on a node that is shut down for good (non-graceful node shutdown): its
+# pods are gone, so it counts as lost at once.
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+
+# A node NotReady (or Unknown) this long counts as lost; shorter outages (a kubelet restart, a
+# brief network partition) do not move work. Kubernetes itself already waits 40 s of missed
+# heartbeats before it marks a node Unknown.
+NOT_READY_GRACE_S = 60.0
 
 
 class NodeEventKind(StrEnum):
@@ -76,11 +95,22 @@ class NodeState:
     spot_taint: str | None
     spot_taint_since_unix_s: float | None
     labels: dict[str, str] = field(default_factory=dict, compare=False)
+    # When the Ready condition stopped being True (None while ready), and whether that has lasted
+    # the grace period (:data:`NOT_READY_GRACE_S`) when this state was read.
+    not_ready_since_unix_s: float | None = None
+    lost: bool = False
+    out_of_service: bool = False
 
     @property
     def usable(self) -> bool:
-        """Ready, schedulable and not about to be reclaimed."""
-        return self.ready and not self.unschedulable and self.spot_taint is None
+        """Not lost, schedulable and not about to be reclaimed (NotReady within grace counts)."""
+        return (not self.lost and not self.out_of_service and not self.unschedulable
+                and self.spot_taint is None)
+
+    def at(self, now_unix_s: float, grace_s: float = NOT_READY_GRACE_S) -> NodeState:
+        """This state re-read at ``now_unix_s``: a NotReady node may have outlasted its grace."""
+        return replace(self, lost=_lost(self.ready, self.not_ready_since_unix_s, now_unix_s,
+                                        grace_s))
 
 
 @dataclass(frozen=True)
@@ -121,18 +151,37 @@ def _quantity_int(value: Any) -> int:
         return 0
 
 
-def node_state(node: dict[str, Any], product_overrides: dict[str, str] | None = None) -> NodeState:
-    """Read the fields that matter from a Node object (a dict as the API returns it)."""
+def _lost(ready: bool, since: float | None, now: float, grace_s: float) -> bool:
+    return not ready and since is not None and now - since >= grace_s
+
+
+def node_state(
+    node: dict[str, Any],
+    product_overrides: dict[str, str] | None = None,
+    *,
+    now_unix_s: float | None = None,
+    not_ready_grace_s: float = NOT_READY_GRACE_S,
+) -> NodeState:
+    """Read the fields that matter from a Node object (a dict as the API returns it).
+
+    ``now_unix_s`` decides whether a NotReady node has outlasted ``not_ready_grace_s`` (since the
+    Ready condition's lastTransitionTime, else since now); without it NotReady is lost at once.
+    """
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
     labels = meta.get("labels") or {}
     product = labels.get(GPU_PRODUCT_LABEL)
     gpus = _quantity_int((status.get("allocatable") or {}).get(GPU_RESOURCE, 0))
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
+    ready_condition = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
     )
+    ready = ready_condition.get("status") == "True"
+    since = None
+    if not ready:
+        since = _parse_time_s(ready_condition.get("lastTransitionTime"))
+        if since is None:
+            since = now_unix_s
     taints = spec.get("taints") or []
     spot = next((t for t in taints if t.get("key") in SPOT_TAINT_NOTICE_S), None)
     cordoned = bool(spec.get("unschedulable")) or any(t.get("key") == CORDON_TAINT for t in taints)
@@ -146,9 +195,24 @@ def node_state(node: dict[str, Any], product_overrides: dict[str, str] | None = 
         ready=ready,
         unschedulable=cordoned,
         spot_taint=spot.get("key") if spot else None,
-        spot_taint_since_unix_s=_parse_time_s(spot.get("timeAdded")) if spot else None,
+        spot_taint_since_unix_s=_taint_time_s(spot) if spot else None,
         labels=dict(labels),
+        not_ready_since_unix_s=since,
+        lost=(not ready) if now_unix_s is None
+        else _lost(ready, since, now_unix_s, not_ready_grace_s),
+        out_of_service=any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints),
     )
+
+
+def _taint_time_s(taint: dict[str, Any]) -> float | None:
+    """When a taint was added: its timeAdded, else (cluster autoscaler) its unix-seconds value."""
+    added = _parse_time_s(taint.get("timeAdded"))
+    if added is not None:
+        return added
+    try:
+        return float(taint.get("value") or "")
+    except ValueError:
+        return None
 
 
 def _event(state: NodeState, kind: NodeEventKind, reason: str, deadline: float | None = None):
@@ -173,13 +237,16 @@ def node_event(
     if not current.is_gpu_node:
         return None
     was = previous
+    if current.out_of_service and (was is None or not was.out_of_service):
+        return _event(current, NodeEventKind.REMOVED, f"taint {OUT_OF_SERVICE_TAINT}")
     if current.spot_taint and (was is None or was.spot_taint != current.spot_taint):
         since = current.spot_taint_since_unix_s or now_unix_s
         deadline = since + SPOT_TAINT_NOTICE_S[current.spot_taint]
         reason = f"taint {current.spot_taint}"
         return _event(current, NodeEventKind.SPOT_TERMINATION, reason, deadline)
-    if not current.ready and (was is None or was.ready):
-        return _event(current, NodeEventKind.NOT_READY, "Ready condition is not True")
+    if current.lost and (was is None or not was.lost):
+        return _event(current, NodeEventKind.NOT_READY, "Ready condition not True for the grace "
+                      "period")
     if current.unschedulable and (was is None or not was.unschedulable):
         return _event(
             current,

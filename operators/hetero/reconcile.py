@@ -9,7 +9,8 @@ the same doomed capacity.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -54,6 +55,87 @@ def replica_patch(raycluster: dict[str, Any], desired: dict[str, int]) -> dict[s
             group = {**group, "replicas": want}
             changed = True
         new_groups.append(group)
+    return {"spec": {"workerGroupSpecs": new_groups}} if changed else None
+
+
+POOL_LABEL = "orchestrator.io/pool"
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """A Ray worker pod as scaling sees it."""
+
+    name: str
+    pool: str | None
+    node: str | None  # spec.nodeName; None while unscheduled
+    deleting: bool
+
+
+def pod_info(pod: dict[str, Any]) -> PodInfo:
+    """The fields scaling needs from a Pod (a dict as the API returns it)."""
+    meta = pod.get("metadata") or {}
+    return PodInfo(
+        name=meta.get("name", ""),
+        pool=(meta.get("labels") or {}).get(POOL_LABEL),
+        node=(pod.get("spec") or {}).get("nodeName") or None,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def _victims(pool_pods: list[PodInfo], nodes: Mapping[str, NodeState]) -> list[PodInfo]:
+    """Pods that may go, in order: unscheduled ones, then those on nodes that are going away."""
+    pending = sorted((p for p in pool_pods if p.node is None), key=lambda p: p.name)
+    doomed = sorted(
+        (p for p in pool_pods
+         if p.node is not None and (p.node not in nodes or not nodes[p.node].usable)),
+        key=lambda p: p.name,
+    )
+    return pending + doomed
+
+
+def scale_patch(
+    raycluster: dict[str, Any],
+    desired: dict[str, int],
+    pods: Iterable[PodInfo],
+    nodes: Mapping[str, NodeState],
+) -> dict[str, Any] | None:
+    """A merge patch for the worker groups that never lowers a count blindly, or None.
+
+    Growing sets ``replicas``. Shrinking names the pods to remove in
+    ``scaleStrategy.workersToDelete`` (KubeRay deletes those, instead of pods of its own
+    choosing, which may be healthy): unscheduled pods first, then pods on nodes that are lost,
+    cordoned or being reclaimed. Replicas that have no pod yet may go without a name. A pool
+    never shrinks below what its named and unborn pods allow, so a healthy pod is never the one
+    removed.
+    """
+    pod_list = [p for p in pods if not p.deleting]
+    groups = raycluster.get("spec", {}).get("workerGroupSpecs") or []
+    changed = False
+    new_groups = []
+    for group in groups:
+        name = group.get("groupName")
+        live = int(group.get("replicas") or 0)
+        want = desired.get(name)
+        if want is None or want == live:
+            new_groups.append(group)
+            continue
+        if want > live:
+            new_groups.append({**group, "replicas": want})
+            changed = True
+            continue
+        pool_pods = [p for p in pod_list if p.pool == name]
+        unborn = max(0, live - len(pool_pods))
+        remove = live - want
+        victims = _victims(pool_pods, nodes)[: max(0, remove - unborn)]
+        shrink = min(remove, unborn + len(victims))
+        if shrink == 0:
+            new_groups.append(group)
+            continue
+        new_group = {**group, "replicas": live - shrink}
+        if victims:
+            new_group["scaleStrategy"] = {"workersToDelete": [v.name for v in victims]}
+        new_groups.append(new_group)
+        changed = True
     return {"spec": {"workerGroupSpecs": new_groups}} if changed else None
 
 

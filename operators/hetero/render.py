@@ -21,6 +21,16 @@ from orchestrator.spec.labels import ACCELERATOR_LABEL, DEVICE_TYPE_LABEL, JOB_L
 JOB_FILE_DIR = "/etc/orchestrator"
 JOB_FILE = f"{JOB_FILE_DIR}/job.yaml"
 METRICS_PORT_NAME = "orch-metrics"
+# The Kubernetes Node a Ray pod runs on, as a Ray node label: the downward API puts spec.nodeName
+# into K8S_NODE_NAME, and Ray reads extra node labels (JSON) from RAY_OVERRIDE_LABELS at
+# `ray start`; Kubernetes expands $(K8S_NODE_NAME) there because it is defined first.
+NODE_NAME_LABEL = "orchestrator.io/node-name"
+NODE_NAME_ENV = "K8S_NODE_NAME"
+RAY_LABELS_ENV = "RAY_OVERRIDE_LABELS"
+TOKEN_DIR = "/var/run/orchestrator/node-events"
+TOKEN_FILE_ENV = "ORCHESTRATOR_NODE_EVENTS_TOKEN_FILE"
+# Cluster autoscaler must not evict a Ray pod to pack nodes: the operator moves work off first.
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 RAY_METRICS_PORT = 8080
 RAY_UID = 1000  # the `ray` user of rayproject/ray images
 
@@ -95,39 +105,93 @@ def _pod_security_context() -> dict[str, Any]:
     }
 
 
-def _volumes(name: str) -> list[dict[str, Any]]:
-    return [
+def _volumes(name: str, spec: JobSpec, head: bool = False) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
         {"name": "job", "configMap": {"name": configmap_name(name)}},
-        {"name": "tmp", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": spec.pod.tmpSize}},
         {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        *spec.pod.volumes,
     ]
+    if head and spec.nodeEventsTokenSecret:
+        volumes.append({"name": "node-events-token",
+                        "secret": {"secretName": spec.nodeEventsTokenSecret}})
+    return volumes
 
 
-def _volume_mounts() -> list[dict[str, Any]]:
-    return [
+def _volume_mounts(spec: JobSpec, head: bool = False) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [
         {"name": "job", "mountPath": JOB_FILE_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "shm", "mountPath": "/dev/shm"},
+        *spec.pod.volumeMounts,
     ]
+    if head and spec.nodeEventsTokenSecret:
+        mounts.append({"name": "node-events-token", "mountPath": TOKEN_DIR, "readOnly": True})
+    return mounts
 
 
-def _container(name: str, spec: JobSpec, cpu: str, memory: str, gpus: int) -> dict[str, Any]:
+def ray_env(spec: JobSpec, head: bool = False) -> list[dict[str, Any]]:
+    """Environment of a Ray container: HOME, the Node name as a Ray label, the token file."""
+    env: list[dict[str, Any]] = [
+        {"name": "HOME", "value": "/tmp/home"},
+        {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": RAY_LABELS_ENV, "value": f'{{"{NODE_NAME_LABEL}": "$({NODE_NAME_ENV})"}}'},
+        *spec.pod.env,
+    ]
+    if head and spec.nodeEventsTokenSecret:
+        env.append({"name": TOKEN_FILE_ENV, "value": f"{TOKEN_DIR}/token"})
+    return env
+
+
+def _container(
+    name: str, spec: JobSpec, cpu: str, memory: str, gpus: int, head: bool = False
+) -> dict[str, Any]:
     limits: dict[str, Any] = {"cpu": cpu, "memory": memory}
     if gpus:
         limits[GPU_RESOURCE] = gpus
-    return {
+    container: dict[str, Any] = {
         "name": name,
         "image": spec.image,
         "imagePullPolicy": spec.imagePullPolicy,
-        "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": limits},
+        "resources": {
+            "requests": {"cpu": cpu, "memory": memory, "ephemeral-storage": spec.pod.tmpSize},
+            "limits": limits,
+        },
         "securityContext": _security_context(),
-        "volumeMounts": _volume_mounts(),
-        "env": [{"name": "HOME", "value": "/tmp/home"}],
+        "volumeMounts": _volume_mounts(spec, head),
+        "env": ray_env(spec, head),
+    }
+    if spec.pod.envFrom:
+        container["envFrom"] = list(spec.pod.envFrom)
+    return container
+
+
+def _pod_metadata(name: str, spec: JobSpec, extra: dict[str, str] | None = None) -> dict:
+    return {
+        "labels": {JOB_LABEL: name, **(extra or {}), **spec.pod.labels},
+        "annotations": {SAFE_TO_EVICT: "false", **spec.pod.annotations},
     }
 
 
+def _pod_settings(spec: JobSpec) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "securityContext": _pod_security_context(),
+    }
+    pod = spec.pod
+    if pod.serviceAccountName:
+        settings["serviceAccountName"] = pod.serviceAccountName
+    if pod.imagePullSecrets:
+        settings["imagePullSecrets"] = list(pod.imagePullSecrets)
+    if pod.affinity:
+        settings["affinity"] = dict(pod.affinity)
+    if pod.priorityClassName:
+        settings["priorityClassName"] = pod.priorityClassName
+    return settings
+
+
 def _head_group(name: str, spec: JobSpec) -> dict[str, Any]:
-    container = _container("ray-head", spec, spec.head.cpu, spec.head.memory, 0)
+    container = _container("ray-head", spec, spec.head.cpu, spec.head.memory, 0, head=True)
     container["ports"] = [
         {"name": "gcs", "containerPort": 6379},
         {"name": "dashboard", "containerPort": 8265},
@@ -139,12 +203,12 @@ def _head_group(name: str, spec: JobSpec) -> dict[str, Any]:
         # No training on the head: zero GPUs and zero CPUs for Ray tasks.
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
         "template": {
-            "metadata": {"labels": {JOB_LABEL: name}},
+            "metadata": _pod_metadata(name, spec),
             "spec": {
-                "automountServiceAccountToken": False,
-                "securityContext": _pod_security_context(),
+                **_pod_settings(spec),
+                **({"tolerations": list(spec.pod.tolerations)} if spec.pod.tolerations else {}),
                 "containers": [container],
-                "volumes": _volumes(name),
+                "volumes": _volumes(name, spec, head=True),
             },
         },
     }
@@ -161,14 +225,13 @@ def _worker_group(name: str, spec: JobSpec, pool: PoolSpec, replicas: int) -> di
         "labels": {DEVICE_TYPE_LABEL: pool.deviceType, ACCELERATOR_LABEL: pool.deviceType},
         "rayStartParams": {},
         "template": {
-            "metadata": {"labels": {JOB_LABEL: name, POOL_LABEL: pool.name}},
+            "metadata": _pod_metadata(name, spec, {POOL_LABEL: pool.name}),
             "spec": {
-                "automountServiceAccountToken": False,
-                "securityContext": _pod_security_context(),
+                **_pod_settings(spec),
                 "nodeSelector": node_selector,
-                "tolerations": list(pool.tolerations),
+                "tolerations": [*spec.pod.tolerations, *pool.tolerations],
                 "containers": [container],
-                "volumes": _volumes(name),
+                "volumes": _volumes(name, spec),
             },
         },
     }

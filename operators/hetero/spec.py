@@ -1,7 +1,7 @@
 """The HeteroTrainingJob spec, validated once at the edge into frozen value objects.
 
 Field names are camelCase, as Kubernetes users write them; the CRD's openAPIV3Schema
-(``helm/orchestrator/files/crds/heterotrainingjobs.yaml``) checks the shape at admission, and this
+(``helm/orchestrator/crds/heterotrainingjobs.yaml``) checks the shape at admission, and this
 module checks what a schema cannot (min <= max, unique pool names, known device types). A bad spec
 raises :class:`~orchestrator.errors.SpecError` naming the field and the fix.
 """
@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from operators.hetero.devices import gpu_product_for, known_device_types
 from orchestrator.errors import SpecError
+from orchestrator.spec.job import JobSpec as RunJobSpec
 
 DEFAULT_METRICS_PORT = 9400
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -76,6 +77,34 @@ class HeadSpec(BaseModel):
     memory: str = "8Gi"
 
 
+class PodSettings(BaseModel):
+    """Settings for every Ray pod (the chart's ``pod`` values, storage and service account)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    env: list[dict[str, Any]] = []
+    envFrom: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    volumeMounts: list[dict[str, Any]] = []
+    serviceAccountName: str | None = None
+    imagePullSecrets: list[dict[str, str]] = []
+    affinity: dict[str, Any] = {}
+    tolerations: list[dict[str, Any]] = []
+    priorityClassName: str | None = None
+    tmpSize: str = "20Gi"
+
+    @model_validator(mode="after")
+    def _mounts_name_volumes(self) -> PodSettings:
+        names = {v.get("name") for v in self.volumes}
+        missing = sorted({str(m.get("name")) for m in self.volumeMounts} - names)
+        if missing:
+            raise ValueError(f"volumeMounts name {', '.join(missing)}, which no volume defines; "
+                             "add the volume to pod.volumes")
+        return self
+
+
 class JobSpec(BaseModel):
     """The spec of a HeteroTrainingJob."""
 
@@ -91,6 +120,24 @@ class JobSpec(BaseModel):
     # Where the run's controller listens; default http://<cluster>-head-svc.<ns>.svc:<metrics port>.
     controllerURL: str | None = None
     suspend: bool = False
+    # Secret (key ``token``) the node-events endpoint checks; mounted into the head pod.
+    nodeEventsTokenSecret: str | None = None
+    pod: PodSettings = PodSettings()
+
+    @model_validator(mode="after")
+    def _checkpoints_on_shared_storage(self) -> JobSpec:
+        checkpoint = self.job.get("checkpoint")
+        directory = checkpoint.get("dir") if isinstance(checkpoint, dict) else None
+        if not isinstance(directory, str):
+            return self
+        mounts = [str(m.get("mountPath", "")).rstrip("/") for m in self.pod.volumeMounts]
+        if not any(m and (directory == m or directory.startswith(m + "/")) for m in mounts):
+            raise ValueError(
+                f"job.checkpoint.dir {directory!r} is on no shared volume, so a replaced pod "
+                "could not read the checkpoints; mount a ReadWriteMany claim there with "
+                "pod.volumes and pod.volumeMounts"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique_pools(self) -> JobSpec:
@@ -122,16 +169,30 @@ class JobSpec(BaseModel):
 
 
 def parse_job_spec(spec: dict[str, Any]) -> JobSpec:
-    """Validate a custom resource's ``spec``; raise SpecError naming the first bad field."""
+    """Validate a custom resource's ``spec``; raise SpecError naming the first bad field.
+
+    ``spec.job`` is checked with the package's own job model too, so a typo there fails here (and
+    shows in the job's status) instead of when ``orchestrator run`` starts in the RayJob.
+    """
     try:
-        return JobSpec.model_validate(spec)
+        parsed = JobSpec.model_validate(spec)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        field = "spec" + "".join(
-            f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]
-        )
-        message = error["msg"].removeprefix("Value error, ")
-        raise SpecError(message, field=field, fix=_fix_for(error["type"])) from None
+        raise _spec_error(exc, "spec") from None
+    if parsed.job:
+        try:
+            RunJobSpec.model_validate(parsed.job_document())
+        except ValidationError as exc:
+            raise _spec_error(exc, "spec.job") from None
+    return parsed
+
+
+def _spec_error(exc: ValidationError, prefix: str) -> SpecError:
+    error = exc.errors()[0]
+    field = prefix + "".join(
+        f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]
+    )
+    message = error["msg"].removeprefix("Value error, ")
+    return SpecError(message, field=field, fix=_fix_for(error["type"]))
 
 
 def _fix_for(error_type: str) -> str | None:

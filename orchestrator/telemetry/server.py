@@ -7,7 +7,8 @@ replace worker groups, never this server). Routes:
 - ``GET /metrics``         Prometheus text format of the run's registry
 - ``GET /v1/status``       JSON from the status provider (see telemetry/status.py)
 - ``POST /v1/node-events`` a node event (see telemetry/node_events.py) for the controller;
-  202 when accepted, 400 with a one-line reason on bad input
+  202 when accepted, 400 with a one-line reason on bad input, 401 without the bearer token
+  when one is configured (see telemetry/auth.py)
 - ``GET /healthz``         ``ok``
 
 A failing status provider or handler answers 500 with its message; it never stops the server.
@@ -26,6 +27,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from orchestrator.errors import UserError
+from orchestrator.telemetry.auth import TokenCheck, token_check_from_env
 from orchestrator.telemetry.node_events import NodeEvent, parse_node_event
 
 DEFAULT_HOST = "127.0.0.1"
@@ -52,12 +54,17 @@ class TelemetryServer:
         node_event_handler: NodeEventHandler | None = None,
         host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
+        node_events_auth: TokenCheck | None = None,
     ) -> None:
+        """``node_events_auth``: the token node events need; default from the environment."""
         if not 0 <= port <= 65535:
             raise UserError(f"port {port} is out of range", field="port", fix="use 0..65535")
         self.registry = registry
         self.status_provider = status_provider
         self.node_event_handler = node_event_handler
+        self.node_events_auth = (
+            node_events_auth if node_events_auth is not None else token_check_from_env()
+        )
         self._host = host
         self._port = port
         self._httpd: ThreadingHTTPServer | None = None
@@ -152,6 +159,17 @@ def _make_handler(server: TelemetryServer) -> type[BaseHTTPRequestHandler]:
         def _node_event(self) -> None:
             if server.node_event_handler is None:
                 self._error(HTTPStatus.SERVICE_UNAVAILABLE, "this process takes no node events")
+                return
+            auth = server.node_events_auth
+            if auth.problem is not None:
+                self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"node events refused: {auth.problem}")
+                return
+            if not auth.allows(self.headers.get("Authorization")):
+                self._error(
+                    HTTPStatus.UNAUTHORIZED,
+                    "node events need 'Authorization: Bearer <token>' with the token of the "
+                    "node-events Secret",
+                )
                 return
             try:
                 event = parse_node_event(self._read_json())

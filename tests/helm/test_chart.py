@@ -20,13 +20,15 @@ from chart_support import (
     HTJ_CRD,
     KUBERNETES_VERSION,
     by_kind,
+    cluster_specs,
     helm,
+    ray_pod_specs,
     render,
 )
 
 VALUES_FILES = ["one-pool.yaml", "three-pools.yaml", "operator.yaml", "operator-only.yaml"]
 # Kinds no schema here covers: Prometheus Operator CRDs (checked by hand below).
-PROMETHEUS_OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor"}
+PROMETHEUS_OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 CUSTOM_KINDS = {"RayCluster", "RayJob", "HeteroTrainingJob"}
 
 
@@ -39,7 +41,8 @@ def test_helm_lint_passes_with_every_example() -> None:
 @pytest.mark.parametrize("values_file", [*VALUES_FILES, None])
 def test_every_rendered_object_is_valid(values_file, kuberay_validators) -> None:
     files = [EXAMPLES / values_file] if values_file else []
-    objects = render(*files, sets=("monitoring.enabled=true",) if values_file is None else ())
+    sets = ("monitoring.enabled=true", "monitoring.rules.enabled=true")
+    objects = render(*files, sets=sets if values_file is None else ())
     assert objects
     for obj in objects:
         kind = obj["kind"]
@@ -55,9 +58,9 @@ def test_every_rendered_object_is_valid(values_file, kuberay_validators) -> None
 
 def test_schema_validation_catches_a_typo(kuberay_validators) -> None:
     """The strict KubeRay schema is not vacuous: a misspelt field in a worker group fails."""
-    cluster = by_kind(render(EXAMPLES / "one-pool.yaml"), "RayCluster")[0]
-    cluster["spec"]["workerGroupSpecs"][0]["maxReplica"] = 3
-    assert list(kuberay_validators["RayCluster"].iter_errors(cluster))
+    rayjob = by_kind(render(EXAMPLES / "one-pool.yaml"), "RayJob")[0]
+    rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplica"] = 3
+    assert list(kuberay_validators["RayJob"].iter_errors(rayjob))
     with pytest.raises(kubernetes_validate.ValidationError):
         configmap = by_kind(render(EXAMPLES / "one-pool.yaml"), "ConfigMap")[0]
         configmap["dataa"] = {}
@@ -66,8 +69,8 @@ def test_schema_validation_catches_a_typo(kuberay_validators) -> None:
 
 def test_three_pools_give_three_worker_groups_with_device_labels() -> None:
     objects = render(EXAMPLES / "three-pools.yaml")
-    (cluster,) = by_kind(objects, "RayCluster")
-    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    (cluster,) = cluster_specs(objects)
+    groups = {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
     assert sorted(groups) == ["a100", "h100", "l4-spot"]
     expected_product = {"h100": "NVIDIA-H100-80GB-HBM3", "a100": "NVIDIA-A100-SXM4-80GB",
                         "l4-spot": "NVIDIA-L4"}
@@ -89,8 +92,8 @@ def test_three_pools_give_three_worker_groups_with_device_labels() -> None:
 def test_gpu_product_can_be_overridden_per_pool() -> None:
     override = "pools[0].gpuProduct=NVIDIA-A100-80GB-PCIe"
     objects = render(EXAMPLES / "one-pool.yaml", sets=(override,))
-    (cluster,) = by_kind(objects, "RayCluster")
-    pod = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    (cluster,) = cluster_specs(objects)
+    pod = cluster["workerGroupSpecs"][0]["template"]["spec"]
     assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-A100-80GB-PCIe"
 
 
@@ -102,9 +105,9 @@ def test_job_spec_is_mounted_and_run_by_the_rayjob() -> None:
     assert yaml.safe_load(configmap["data"]["job.yaml"]) == values["job"]
     (rayjob,) = by_kind(objects, "RayJob")
     assert rayjob["spec"]["entrypoint"] == "orchestrator run /etc/orchestrator/job.yaml"
-    assert rayjob["spec"]["clusterSelector"] == {"ray.io/cluster": "llm-orchestrator"}
-    (cluster,) = by_kind(objects, "RayCluster")
-    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    assert not by_kind(objects, "RayCluster")  # the RayJob brings its own cluster
+    (cluster,) = cluster_specs(objects)
+    head = cluster["headGroupSpec"]["template"]["spec"]
     mounts = {m["mountPath"]: m["name"] for m in head["containers"][0]["volumeMounts"]}
     volumes = {v["name"]: v for v in head["volumes"]}
     assert volumes[mounts["/etc/orchestrator"]]["configMap"]["name"] == "llm-orchestrator-job"
@@ -114,16 +117,17 @@ def test_job_spec_is_mounted_and_run_by_the_rayjob() -> None:
 
 def test_metrics_port_follows_the_job_spec() -> None:
     objects = render(EXAMPLES / "one-pool.yaml", sets=("job.metrics.port=9555",))
-    (cluster,) = by_kind(objects, "RayCluster")
-    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    (cluster,) = cluster_specs(objects)
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert {p["name"]: p["containerPort"] for p in head["ports"]}["orch-metrics"] == 9555
 
 
 def _pod_specs(objects):
-    for cluster in by_kind(objects, "RayCluster"):
-        yield cluster["spec"]["headGroupSpec"]["template"]["spec"]
-        for group in cluster["spec"]["workerGroupSpecs"]:
-            yield group["template"]["spec"]
+    for template in ray_pod_specs(objects):
+        yield template["spec"]
+    for rayjob in by_kind(objects, "RayJob"):
+        if "submitterPodTemplate" in rayjob["spec"]:
+            yield rayjob["spec"]["submitterPodTemplate"]["spec"]
     for deployment in by_kind(objects, "Deployment"):
         yield deployment["spec"]["template"]["spec"]
 
@@ -149,10 +153,9 @@ def test_secure_defaults(values_file) -> None:
 
 def test_ray_pods_get_no_api_token() -> None:
     objects = render(EXAMPLES / "three-pools.yaml")
-    for cluster in by_kind(objects, "RayCluster"):
-        pods = [cluster["spec"]["headGroupSpec"]["template"]["spec"]]
-        pods += [g["template"]["spec"] for g in cluster["spec"]["workerGroupSpecs"]]
-        assert all(p["automountServiceAccountToken"] is False for p in pods)
+    pods = [t["spec"] for t in ray_pod_specs(objects)]
+    assert len(pods) == 4
+    assert all(p["automountServiceAccountToken"] is False for p in pods)
 
 
 def test_operator_rbac_is_least_privilege() -> None:
@@ -178,8 +181,7 @@ def test_operator_mode_renders_one_job_resource_the_operator_accepts(kuberay_val
     objects = render(EXAMPLES / "operator.yaml")
     assert not by_kind(objects, "RayCluster") and not by_kind(objects, "RayJob")
     (job,) = by_kind(objects, "HeteroTrainingJob")
-    (crd,) = by_kind(objects, "CustomResourceDefinition")
-    assert crd["spec"]["names"]["kind"] == "HeteroTrainingJob"
+    assert not by_kind(objects, "CustomResourceDefinition")  # in crds/, not a template
     spec = parse_job_spec(job["spec"])
     assert [p.deviceType for p in spec.pools] == ["A100-80", "T4"]
     assert [p.gpu_product for p in spec.pools] == ["NVIDIA-A100-SXM4-80GB", "Tesla-T4"]
@@ -202,11 +204,16 @@ def test_chart_and_operator_render_the_same_worker_groups() -> None:
     from operators.hetero.spec import parse_job_spec
 
     values = yaml.safe_load((EXAMPLES / "three-pools.yaml").read_text())
-    (chart_cluster,) = by_kind(render(EXAMPLES / "three-pools.yaml"), "RayCluster")
-    spec = parse_job_spec({"image": "img:1", "pools": values["pools"], "job": values["job"]})
+    (chart_cluster,) = cluster_specs(render(EXAMPLES / "three-pools.yaml"))
+    storage = values["storage"]
+    pod = {"volumes": [{"name": "storage",
+                        "persistentVolumeClaim": {"claimName": storage["claimName"]}}],
+           "volumeMounts": [{"name": "storage", "mountPath": storage["mountPath"]}]}
+    spec = parse_job_spec({"image": "img:1", "pools": values["pools"], "job": values["job"],
+                           "pod": pod})
     operator_cluster = render_raycluster("llm-orchestrator", "training", spec)
     keys = ("groupName", "replicas", "minReplicas", "maxReplicas", "labels")
-    for chart_group, op_group in zip(chart_cluster["spec"]["workerGroupSpecs"],
+    for chart_group, op_group in zip(chart_cluster["workerGroupSpecs"],
                                      operator_cluster["spec"]["workerGroupSpecs"], strict=True):
         assert {k: chart_group[k] for k in keys} == {k: op_group[k] for k in keys}
         chart_pod, op_pod = chart_group["template"]["spec"], op_group["template"]["spec"]
@@ -226,11 +233,13 @@ def test_monitoring_targets_the_named_metrics_port_on_the_head(kind) -> None:
     endpoints = monitor["spec"].get("podMetricsEndpoints") or monitor["spec"]["endpoints"]
     assert [e["port"] for e in endpoints] == ["orch-metrics", "metrics"]
     if kind == "PodMonitor":
-        assert monitor["spec"]["selector"]["matchLabels"] == {"ray.io/cluster": "llm-orchestrator"}
+        # The RayJob's cluster name is generated: select the head pod by the job label.
+        assert monitor["spec"]["selector"]["matchLabels"] == {
+            "orchestrator.io/job": "llm-orchestrator", "ray.io/node-type": "head"}
     else:
         (service,) = by_kind(objects, "Service")
         # KubeRay labels head pods with ray.io/cluster and ray.io/node-type.
-        assert service["spec"]["selector"] == {"ray.io/cluster": "llm-orchestrator",
+        assert service["spec"]["selector"] == {"orchestrator.io/job": "llm-orchestrator",
                                                "ray.io/node-type": "head"}
         assert {p["targetPort"] for p in service["spec"]["ports"]} == {"orch-metrics", "metrics"}
         labels = service["metadata"]["labels"]
@@ -239,7 +248,7 @@ def test_monitoring_targets_the_named_metrics_port_on_the_head(kind) -> None:
 
 def test_monitoring_off_renders_no_monitor() -> None:
     kinds = {o["kind"] for o in render(EXAMPLES / "one-pool.yaml")}
-    assert not kinds & {"PodMonitor", "ServiceMonitor", "Service"}
+    assert not kinds & {"PodMonitor", "ServiceMonitor", "Service", "PrometheusRule"}
 
 
 def test_dashboard_configmap_carries_the_grafana_label(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ RESOURCES = {
     "ray.io/v1/rayjobs": dict(namespaced=True, kind="RayJob", singular="rayjob"),
     "v1/configmaps": dict(namespaced=True, kind="ConfigMap", singular="configmap"),
     "v1/nodes": dict(namespaced=False, kind="Node", singular="node"),
+    "v1/pods": dict(namespaced=True, kind="Pod", singular="pod"),
     "v1/events": dict(namespaced=True, kind="Event", singular="event"),
     # Discovered by kopf (never listed: the operator runs with scanning disabled).
     "v1/namespaces": dict(namespaced=False, kind="Namespace", singular="namespace"),

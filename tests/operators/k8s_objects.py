@@ -45,7 +45,18 @@ def job_spec(controller_url: str | None = None, **overrides: Any) -> dict[str, A
             {"name": "t4", "deviceType": "T4", "gpusPerPod": 1,
              "minReplicas": 1, "maxReplicas": 8},
         ],
-        "job": {"name": "gpt", "checkpoint": {"dir": "/ckpt", "interval_steps": 10}},
+        "job": {
+            "name": "gpt",
+            "model": {"factory": "orchestrator.models.gpt:make_gpt",
+                      "shape": {"name": "gpt", "num_layers": 2, "hidden_size": 64,
+                                "num_heads": 2, "sequence_length": 32, "vocab_size": 256}},
+            "data": {},
+            "checkpoint": {"dir": "/ckpt", "interval_steps": 10},
+        },
+        # Checkpoints on storage every pod shares.
+        "pod": {"volumes": [{"name": "storage",
+                             "persistentVolumeClaim": {"claimName": "training-data"}}],
+                "volumeMounts": [{"name": "storage", "mountPath": "/ckpt"}]},
     }
     if controller_url:
         spec["controllerURL"] = controller_url

@@ -51,3 +51,21 @@ def test_unreachable_controller_is_transient() -> None:
 def test_fetch_metrics_reads_the_text(controller) -> None:
     controller.metrics_text = "orchestrator_loss{run=\"r\"} 2.5\n"
     assert fetch_metrics(controller.url) == controller.metrics_text
+
+
+def test_sender_carries_the_token_and_a_refusal_is_not_transient() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from orchestrator.telemetry import TelemetryServer
+    from orchestrator.telemetry.auth import TokenCheck
+
+    received = []
+    server = TelemetryServer(CollectorRegistry(), node_event_handler=received.append, port=0,
+                             node_events_auth=TokenCheck(required=True, token="t0ken"))
+    with server:
+        assert send_node_event(server.url, EVENT, token="t0ken") == 202
+        with pytest.raises(PermissionError, match="node-events Secret"):
+            send_node_event(server.url, EVENT, token="other")
+        with pytest.raises(PermissionError):
+            send_node_event(server.url, EVENT)
+    assert [e.node for e in received] == ["gke-a100-1"]

@@ -159,3 +159,26 @@ def test_invalid_spec_fails_permanently_with_an_event(kubeconfig, api, controlle
         assert not _object_exists(custom.get_namespaced_custom_object, "ray.io", "v1", "default",
                                   "rayclusters", "bad")
     assert runner.exit_code == 0, runner.output
+
+
+@pytest.mark.slow
+def test_ended_rayjob_gives_the_final_phase_and_frees_the_cluster(kubeconfig, api, controller):
+    core = kubernetes.client.CoreV1Api(api)
+    custom = kubernetes.client.CustomObjectsApi(api)
+    core.create_node(gpu_node("a100-1", A100, 4))
+    with KopfRunner(OPERATOR_ARGS) as runner:
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL,
+                                               job("done", job_spec(controller.url)))
+        wait_for(lambda: custom.get_namespaced_custom_object(
+            "ray.io", "v1", "default", "rayclusters", "done"), "the RayCluster")
+        # KubeRay's part: the job succeeded.
+        custom.patch_namespaced_custom_object(
+            "ray.io", "v1", "default", "rayjobs", "done",
+            {"status": {"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete"}})
+        status = wait_for(lambda: (lambda s: s if s.get("phase") == "Finished" else None)(
+            custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "done")
+            .get("status") or {}), "the final phase")
+        assert status["jobStatus"] == "SUCCEEDED"
+        wait_for(lambda: not _object_exists(custom.get_namespaced_custom_object, "ray.io", "v1",
+                                            "default", "rayclusters", "done"), "cluster gone")
+    assert runner.exit_code == 0, runner.output
