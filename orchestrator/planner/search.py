@@ -20,6 +20,7 @@ from orchestrator.costmodel import (
     estimate_with_tables,
     fluid_bound,
 )
+from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.errors import InfeasibleError
 from orchestrator.planner.placement import place
 from orchestrator.planner.selection import SearchConfig, Selection, SelectionSearch
@@ -163,16 +164,19 @@ def make_plan(
     training: TrainingSpec,
     profiles: ProfileSet | None = None,
     config: SearchConfig | None = None,
+    *,
+    runtime: RuntimePreset = ORCHESTRATOR,
 ) -> PlanResult:
-    """Choose the fastest memory-feasible plan for ``model`` on ``cluster``.
+    """Choose the fastest memory-feasible plan for ``model`` on ``cluster`` (executed by
+    ``runtime``, whose memory constants the cost model uses).
 
     Raises :class:`~orchestrator.errors.InfeasibleError` when nothing fits, saying how much
     memory is missing on which device type.
     """
     started = time.perf_counter()
     config = config or SearchConfig()
-    tables = CostTables.for_cluster(model, training, cluster, profiles)
-    infos = type_infos(cluster, model, training)
+    tables = CostTables.for_cluster(model, training, cluster, profiles, runtime=runtime)
+    infos = type_infos(cluster, model, training, runtime)
     bound = fluid_bound(
         tables,
         cluster.device_counts,
