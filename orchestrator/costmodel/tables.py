@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 from orchestrator.costmodel import comm, memory
 from orchestrator.costmodel.compute import LayerTime, analytic_layer_time
@@ -42,6 +42,22 @@ class LayerTable:
     _memory_prefix_cache: dict[int, list[float]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _largest_cache: dict[int, tuple[float, float]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def largest_layer(self, in_flight: int) -> tuple[float, float]:
+        """The largest single layer's compute seconds and memory bytes (cached)."""
+        found = self._largest_cache.get(in_flight)
+        if found is None:
+            compute = self.compute_prefix_s
+            mem = self.memory_prefix_bytes(in_flight)
+            found = (
+                max(b - a for a, b in pairwise(compute)),
+                max(b - a for a, b in pairwise(mem)),
+            )
+            self._largest_cache[in_flight] = found
+        return found
 
     def memory_prefix_bytes(self, in_flight: int) -> list[float]:
         """Prefix sums of ``state + in_flight * activations`` (cached per in-flight count)."""
