@@ -16,10 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.costmodel.presets import PRESETS
-from orchestrator.costmodel.validation import error_summary, load_runs, predict_runs
+from orchestrator.costmodel.validation import (
+    error_summary,
+    load_runs,
+    microbatch_stage_count,
+    predict_runs,
+)
 from orchestrator.profiles.builtin import builtin_model, builtin_profiles
 
 GIB = 1024**3
@@ -30,6 +36,61 @@ DEFAULT_FILE = (
     / "validation"
     / "sailor-gh200-gpt-neo-2.7.json"
 )
+
+
+def _fit(xs: list[list[float]], ys: list[float]) -> list[float]:
+    """Least squares ``y ~ x . c`` (normal equations, two unknowns at most)."""
+    k = len(xs[0])
+    a = [[sum(x[i] * x[j] for x in xs) for j in range(k)] for i in range(k)]
+    b = [sum(x[i] * y for x, y in zip(xs, ys, strict=True)) for i in range(k)]
+    if k == 1:
+        return [b[0] / a[0][0]]
+    det = a[0][0] * a[1][1] - a[0][1] * a[1][0]
+    return [(b[0] * a[1][1] - b[1] * a[0][1]) / det, (a[0][0] * b[1] - a[1][0] * b[0]) / det]
+
+
+def leave_one_out(runs, model, preset) -> dict[str, float]:
+    """Refit the preset's fitted constants (framework footprint, per-microbatch and per-step
+    overheads) without each run in turn and predict that run: errors on runs the fit never saw."""
+    bare = replace(preset, framework_bytes=0.0, microbatch_overhead_s=0.0, step_overhead_s=0.0)
+    base = predict_runs(runs, model, builtin_profiles(), bare)
+    step_errors, memory_errors = [], []
+    for held in range(len(runs)):
+        rest = [p for i, p in enumerate(base) if i != held]
+        # Relative residuals: weight each run by 1 / measured.
+        xs = [
+            [microbatch_stage_count(p.run) / p.run.measured_step_s, 1 / p.run.measured_step_s]
+            for p in rest
+        ]
+        ys = [
+            (p.run.measured_step_s - p.estimate.step_time_s) / p.run.measured_step_s for p in rest
+        ]
+        per_micro, per_step = _fit(xs, ys)
+        mx = [[1 / p.run.measured_peak_memory_bytes] for p in rest]
+        my = [
+            (p.run.measured_peak_memory_bytes - p.estimate.peak_memory_bytes)
+            / p.run.measured_peak_memory_bytes
+            for p in rest
+        ]
+        (footprint,) = _fit(mx, my)
+        p = base[held]
+        step = p.estimate.step_time_s + microbatch_stage_count(p.run) * per_micro + per_step
+        step_errors.append(step / p.run.measured_step_s - 1)
+        memory = p.estimate.peak_memory_bytes + footprint
+        memory_errors.append(memory / p.run.measured_peak_memory_bytes - 1)
+    step_med, step_p90 = error_summary(step_errors)
+    mem_med, mem_p90 = error_summary(memory_errors)
+    print(
+        f"leave-one-out ({len(runs)} runs, the three fitted constants refitted without the run "
+        f"predicted): step time |error| median {step_med:.1%}, p90 {step_p90:.1%}; peak memory "
+        f"|error| median {mem_med:.1%}, p90 {mem_p90:.1%}"
+    )
+    return {
+        "step_median": step_med,
+        "step_p90": step_p90,
+        "memory_median": mem_med,
+        "memory_p90": mem_p90,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             f"p90 {step_p90:.1%}; peak memory |error| median {mem_med:.1%}, p90 {mem_p90:.1%}"
         )
     print("targets: step time median <= 8%, p90 <= 15%; peak memory median <= 8%")
+    consistent = [p.run for p in preds if not suspect.get(p.run.name)]
+    summary["leave-one-out"] = leave_one_out(consistent, model, PRESETS[runtime])
     if args.json is not None:
         args.json.write_text(json.dumps({"runs": rows, "summary": summary}, indent=1) + "\n")
     return 0

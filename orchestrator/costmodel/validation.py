@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.costmodel.estimate import Estimate, estimate_with_tables
-from orchestrator.costmodel.presets import runtime_preset
+from orchestrator.costmodel.presets import RuntimePreset, runtime_preset
 from orchestrator.costmodel.tables import CostTables
 from orchestrator.spec.cluster import Cluster, Node
 from orchestrator.spec.devices import DeviceCatalog
@@ -141,9 +141,10 @@ def predict_runs(
     runs: list[Run],
     model: ModelSpec,
     profiles: ProfileSet | None,
-    runtime: str,
+    runtime: str | RuntimePreset,
 ) -> list[Prediction]:
-    """The cost model's estimate of every run, with the runtime memory preset named."""
+    """The cost model's estimate of every run under ``runtime`` (a preset or its name)."""
+    preset = runtime_preset(runtime) if isinstance(runtime, str) else runtime
     out = []
     for run in runs:
         training = TrainingSpec(
@@ -152,11 +153,16 @@ def predict_runs(
             max_tensor_parallel=max(s[2] for s in run.stages),
         )
         cluster = run_cluster(run)
-        tables = CostTables.for_cluster(
-            model, training, cluster, profiles, runtime=runtime_preset(runtime)
-        )
+        tables = CostTables.for_cluster(model, training, cluster, profiles, runtime=preset)
         out.append(Prediction(run, estimate_with_tables(run_plan(run), cluster, tables)))
     return out
+
+
+def microbatch_stage_count(run: Run) -> int:
+    """``m - 1 + p``: how many times a per-microbatch stage overhead enters the pipeline time."""
+    dp = run.stages[0][3]
+    micro = -(-run.global_batch_size // dp // run.microbatch_size)
+    return micro - 1 + len(run.stages)
 
 
 def percentile(values: list[float], q: float) -> float:
