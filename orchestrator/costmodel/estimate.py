@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 
 from orchestrator.costmodel import comm, memory, network
+from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.costmodel.tables import CostTables, LayerTable
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.model import ModelSpec, TrainingSpec
@@ -247,11 +248,12 @@ def estimate_plan(
     training: TrainingSpec,
     profiles: ProfileSet | None = None,
     schedule: str = "1f1b",
+    *,
+    runtime: RuntimePreset = ORCHESTRATOR,
 ) -> Estimate:
-    """Cost ``plan`` on ``cluster`` for this model and training setting."""
-    return estimate_with_tables(
-        plan, cluster, CostTables.for_cluster(model, training, cluster, profiles), schedule
-    )
+    """Cost ``plan`` on ``cluster`` for this model and training setting, as ``runtime`` runs it."""
+    tables = CostTables.for_cluster(model, training, cluster, profiles, runtime=runtime)
+    return estimate_with_tables(plan, cluster, tables, schedule)
 
 
 def estimate_with_tables(
