@@ -82,3 +82,59 @@ def fluid_bound(
         step_time_s=global_batch_size * best,
         samples_per_s_by_type={d: 1.0 / sum(costs[d]) for d in types},
     )
+
+
+@dataclass(frozen=True)
+class MemoryBound:
+    """Least memory any plan needs, against what the cluster holds.
+
+    Every layer's training state is held once per pipeline, and under 1F1B (or GPipe) every stage
+    holds at least one microbatch of its layers' activations, so a pipeline holds at least
+    ``state + activations of one microbatch`` summed over all layers, spread over at most all
+    devices. Tensor parallelism does not lower the total (its ranks replicate part of the
+    activations). And every layer must fit on one device at the largest tensor-parallel degree.
+    """
+
+    pipeline_need_bytes: float  # state + one microbatch of activations, all layers
+    state_bytes: float
+    activation_bytes: float
+    cluster_usable_bytes: float  # summed over every device
+    # Per device type: (bytes its largest layer needs per device at its largest tp, usable bytes).
+    largest_layer_by_type: dict[str, tuple[float, float]]
+
+    @property
+    def pipeline_shortfall_bytes(self) -> float:
+        return self.pipeline_need_bytes - self.cluster_usable_bytes
+
+    def layer_shortfall_bytes(self) -> float:
+        """How much the largest layer lacks on the roomiest device type (<= 0: it fits one)."""
+        return min(need - cap for need, cap in self.largest_layer_by_type.values())
+
+
+def memory_bound(
+    tables: CostTables,
+    device_counts: dict[str, int],
+    usable_bytes_by_type: dict[str, float],
+    tp_options_by_type: dict[str, list[int]],
+) -> MemoryBound:
+    """The :class:`MemoryBound` at the smallest candidate microbatch size."""
+    mbs = min(tables.training.microbatch_sizes)
+    n = tables.model.num_planner_layers
+    state = activations = float("inf")
+    largest: dict[str, tuple[float, float]] = {}
+    for d in sorted(device_counts):
+        tps = tp_options_by_type.get(d, [1])
+        for tp in tps:
+            table = tables.table(d, mbs, tp)
+            state = min(state, tp * table.state_bytes(0, n))
+            activations = min(activations, tp * table.activation_bytes(0, n))
+        top = tables.table(d, mbs, max(tps))
+        need = max(top.memory_bytes(i, i + 1, 1) for i in range(n))
+        largest[d] = (need, usable_bytes_by_type[d])
+    return MemoryBound(
+        pipeline_need_bytes=state + activations,
+        state_bytes=state,
+        activation_bytes=activations,
+        cluster_usable_bytes=sum(usable_bytes_by_type[d] * k for d, k in device_counts.items()),
+        largest_layer_by_type=largest,
+    )

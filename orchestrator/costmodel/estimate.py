@@ -4,8 +4,16 @@ For replica ``r`` with stages ``0..p-1`` and ``m`` microbatches, stage ``s`` tak
 per microbatch (forward + backward compute plus sending its activations forward and gradients
 back). Under 1F1B (and GPipe) the pipeline finishes after ``(m - 1) * max_s T_s + sum_s T_s``.
 Then each device all-reduces its layers' gradients with the other replicas holding those layers
-(ring, over the slowest link among them) and applies the optimizer; the step ends when the slowest
-device is done. No overlap of communication with compute is assumed, so estimates err high.
+(ring, over the slowest link among them, at the bandwidth a message of that size reaches) and
+applies the optimizer; the step ends when the slowest device is done. Where the runtime starts the
+all-reduce from gradient hooks (``RuntimePreset.overlaps_gradient_allreduce``) only the part that
+outlasts the last microbatch's backward is charged; at least the all-reduce of the stage's first
+layer, whose gradients come last, is always exposed.
+
+A stage boundary under tensor parallelism moves ``1/tp`` of the activation per rank (Megatron's
+scatter/gather: each tp rank sends its slice, the receiving stage all-gathers it over the node's
+links). Peak memory is what a device would show: model state, activations in flight and the
+runtime's fixed framework footprint.
 """
 
 from __future__ import annotations
@@ -13,8 +21,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from orchestrator.costmodel import comm, memory
-from orchestrator.costmodel.tables import CostTables
+from orchestrator.costmodel import comm, memory, network
+from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
+from orchestrator.costmodel.tables import CostTables, LayerTable
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 from orchestrator.spec.plan import Plan, ReplicaSpec, StageSpec
@@ -35,8 +44,10 @@ class DeviceEstimate:
     compute_s: float  # busy time in the pipeline this step
     allreduce_s: float
     update_s: float
-    memory_bytes: float
-    memory_capacity_bytes: float
+    memory_bytes: float  # everything the device holds, framework footprint included
+    memory_capacity_bytes: float  # the device's whole memory
+    allreduce_total_s: float = 0.0  # the all-reduce's whole duration (allreduce_s: exposed part)
+    framework_bytes: float = 0.0  # the runtime's fixed footprint, part of memory_bytes
 
     @property
     def fits(self) -> bool:
@@ -87,9 +98,11 @@ class Estimate:
                     "microbatch_s": d.microbatch_s,
                     "compute_s": d.compute_s,
                     "allreduce_s": d.allreduce_s,
+                    "allreduce_total_s": d.allreduce_total_s,
                     "update_s": d.update_s,
                     "memory_bytes": d.memory_bytes,
                     "memory_capacity_bytes": d.memory_capacity_bytes,
+                    "framework_bytes": d.framework_bytes,
                     "fits": d.fits,
                 }
                 for d in self.devices
@@ -97,25 +110,57 @@ class Estimate:
         }
 
 
-def _link_bandwidth(cluster: Cluster, a: StageSpec, b: StageSpec) -> float:
-    """Bandwidth between two stages' devices.
+def _inter_share(cluster: Cluster, node_name: str, message_bytes: float) -> float:
+    node = cluster.node_by_name[node_name]
+    fraction = network.inter_node_fraction(node.device_type.name, node.num_devices, message_bytes)
+    return node.network_share_bytes_per_s * fraction
+
+
+def _link_bandwidth(
+    cluster: Cluster, a: StageSpec, b: StageSpec, message_bytes: float = float("inf")
+) -> float:
+    """Bandwidth between two stages' devices for one message of ``message_bytes``.
 
     Across nodes each device gets its share of the slower node's network (all devices of a node
     send at once in a pipeline); unknown nodes count as different nodes (pessimistic).
     """
     if a.node is not None and b.node is not None:
         if a.node == b.node:
-            return cluster.node_by_name[a.node].intra_node_bandwidth_bytes_per_s
+            node = cluster.node_by_name[a.node]
+            return network.intra_node_bandwidth(
+                node.device_type.name, 2, message_bytes, node.intra_node_bandwidth_bytes_per_s
+            )
         return min(
-            cluster.node_by_name[a.node].network_share_bytes_per_s,
-            cluster.node_by_name[b.node].network_share_bytes_per_s,
+            _inter_share(cluster, a.node, message_bytes),
+            _inter_share(cluster, b.node, message_bytes),
         )
-    shares = [
-        n.network_share_bytes_per_s
-        for n in cluster.nodes
-        if n.device_type.name in (a.device_type, b.device_type)
-    ]
-    return min(shares) if shares else min(n.network_share_bytes_per_s for n in cluster.nodes)
+    nodes = [n for n in cluster.nodes if n.device_type.name in (a.device_type, b.device_type)]
+    shares = [_inter_share(cluster, n.name, message_bytes) for n in nodes or cluster.nodes]
+    return min(shares)
+
+
+def _boundary_s(
+    tables: CostTables, cluster: Cluster, plan: Plan, a: StageSpec, b: StageSpec
+) -> float:
+    """Seconds to move one microbatch's activations (or their gradients) from ``a`` to ``b``.
+
+    Each of the ``tp`` ranks sends its ``1/tp`` slice; the receiving stage all-gathers the slices
+    within its node (Megatron's scatter/gather of pipeline tensors).
+    """
+    nbytes = comm.boundary_activation_bytes(tables.model, plan.microbatch_size)
+    tp = min(a.tp, b.tp)
+    per_rank = nbytes / tp
+    seconds = comm.p2p_s(per_rank, _link_bandwidth(cluster, a, b, per_rank))
+    if tp > 1 and a.node != b.node:
+        device = tables.device_types[b.device_type]
+        nominal = (
+            cluster.node_by_name[b.node].intra_node_bandwidth_bytes_per_s
+            if b.node is not None
+            else device.intra_node_bandwidth_bytes_per_s
+        )
+        bandwidth = network.intra_node_bandwidth(b.device_type, tp, nbytes, nominal)
+        seconds += (tp - 1) / tp * nbytes / bandwidth
+    return seconds
 
 
 def _stage_microbatch_s(
@@ -124,36 +169,46 @@ def _stage_microbatch_s(
     stage = replica.stages[index]
     table = tables.table(stage.device_type, plan.microbatch_size, stage.tp)
     start, end = stage.layers
-    seconds = table.compute_s(start, end)
-    nbytes = comm.boundary_activation_bytes(tables.model, plan.microbatch_size)
+    seconds = table.compute_s(start, end) + tables.runtime.microbatch_overhead_s
     if index + 1 < len(replica.stages):  # activations forward
-        seconds += comm.p2p_s(nbytes, _link_bandwidth(cluster, stage, replica.stages[index + 1]))
+        seconds += _boundary_s(tables, cluster, plan, stage, replica.stages[index + 1])
     if index > 0:  # gradients back
-        seconds += comm.p2p_s(nbytes, _link_bandwidth(cluster, stage, replica.stages[index - 1]))
+        seconds += _boundary_s(tables, cluster, plan, stage, replica.stages[index - 1])
     return seconds
 
 
-def _holder_bandwidth(cluster: Cluster, holders: list[StageSpec]) -> float:
-    """Slowest link among the stages that share a layer."""
+def _holder_bandwidth(cluster: Cluster, holders: list[StageSpec], message_bytes: float) -> float:
+    """Slowest link among the stages that share a layer, for one message of this size."""
     nodes = {h.node for h in holders}
     if None not in nodes and len(nodes) == 1:
-        return cluster.node_by_name[holders[0].node or ""].intra_node_bandwidth_bytes_per_s
+        node = cluster.node_by_name[holders[0].node or ""]
+        return network.intra_node_bandwidth(
+            node.device_type.name,
+            len(holders),
+            message_bytes,
+            node.intra_node_bandwidth_bytes_per_s,
+        )
     bws = []
     for h in holders:
         if h.node is not None:
-            bws.append(cluster.node_by_name[h.node].network_share_bytes_per_s)
+            bws.append(_inter_share(cluster, h.node, message_bytes))
         else:
-            bws.extend(n.network_share_bytes_per_s for n in cluster.nodes_of_type(h.device_type))
+            bws.extend(
+                _inter_share(cluster, n.name, message_bytes)
+                for n in cluster.nodes_of_type(h.device_type)
+            )
     return min(bws)
 
 
 def _allreduce_per_stage(
     tables: CostTables, cluster: Cluster, plan: Plan
-) -> dict[tuple[int, int], float]:
-    """All-reduce seconds each (replica, stage) spends on its layers' gradients."""
+) -> dict[tuple[int, int], list[float]]:
+    """All-reduce seconds of each layer's gradients, per (replica, stage), in layer order."""
     model, training = tables.model, tables.training
-    grad_bytes = training.grad_bytes_per_param(model.dtype)
-    out = {(r, s): 0.0 for r, rep in enumerate(plan.replicas) for s in range(len(rep.stages))}
+    grad_bytes = tables.runtime.grad_bytes(model, training)
+    out: dict[tuple[int, int], list[float]] = {
+        (r, s): [] for r, rep in enumerate(plan.replicas) for s in range(len(rep.stages))
+    }
     if len(plan.replicas) == 1:
         return out
     # Walk layers once; the holders of a layer change only at stage boundaries.
@@ -165,14 +220,25 @@ def _allreduce_per_stage(
                 cursor[r] += 1
             holders.append(rep.stages[cursor[r]])
         tp = min(h.tp for h in holders)
+        nbytes = model.layer_params(layer) * grad_bytes / tp
         seconds = comm.ring_allreduce_s(
-            model.layer_params(layer) * grad_bytes / tp,
-            len(holders),
-            _holder_bandwidth(cluster, holders),
+            nbytes, len(holders), _holder_bandwidth(cluster, holders, nbytes)
         )
         for r in range(len(plan.replicas)):
-            out[(r, cursor[r])] += seconds
+            out[(r, cursor[r])].append(seconds)
     return out
+
+
+def _exposed_allreduce_s(
+    per_layer_s: list[float], table: LayerTable, start: int, end: int, overlapped: bool
+) -> float:
+    """The all-reduce seconds the step waits for after the pipeline (see module docstring)."""
+    total = sum(per_layer_s)
+    if not overlapped or not per_layer_s:
+        return total
+    # Gradients of the stage's last layers are ready first; the first layer's come last.
+    window = table.backward_s(start + 1, end)
+    return max(total - window, per_layer_s[0])
 
 
 def estimate_plan(
@@ -182,11 +248,12 @@ def estimate_plan(
     training: TrainingSpec,
     profiles: ProfileSet | None = None,
     schedule: str = "1f1b",
+    *,
+    runtime: RuntimePreset = ORCHESTRATOR,
 ) -> Estimate:
-    """Cost ``plan`` on ``cluster`` for this model and training setting."""
-    return estimate_with_tables(
-        plan, cluster, CostTables.for_cluster(model, training, cluster, profiles), schedule
-    )
+    """Cost ``plan`` on ``cluster`` for this model and training setting, as ``runtime`` runs it."""
+    tables = CostTables.for_cluster(model, training, cluster, profiles, runtime=runtime)
+    return estimate_with_tables(plan, cluster, tables, schedule)
 
 
 def estimate_with_tables(
@@ -194,6 +261,7 @@ def estimate_with_tables(
 ) -> Estimate:
     """Cost ``plan`` on ``cluster``: step time, throughput, memory per device."""
     allreduce = _allreduce_per_stage(tables, cluster, plan)
+    overlapped = tables.runtime.overlaps_gradient_allreduce
     devices: list[DeviceEstimate] = []
     pipeline_s = 0.0
     estimated: set[str] = set()
@@ -210,6 +278,8 @@ def estimate_with_tables(
                 estimated.add(stage.device_type)
             in_flight = memory.microbatches_in_flight(s, len(rep.stages), num_micro, schedule)
             device = tables.device_types[stage.device_type]
+            framework = tables.framework_overhead_bytes(stage.device_type)
+            layer_allreduce = allreduce[(r, s)]
             devices.append(
                 DeviceEstimate(
                     replica=r,
@@ -220,15 +290,19 @@ def estimate_with_tables(
                     layers=stage.layers,
                     microbatch_s=per_stage[s],
                     compute_s=num_micro * per_stage[s],
-                    allreduce_s=allreduce[(r, s)],
+                    allreduce_s=_exposed_allreduce_s(
+                        layer_allreduce, table, start, end, overlapped
+                    ),
                     update_s=table.update_s(start, end),
-                    memory_bytes=table.memory_bytes(start, end, in_flight),
-                    memory_capacity_bytes=device.usable_memory_bytes,
+                    memory_bytes=table.memory_bytes(start, end, in_flight) + framework,
+                    memory_capacity_bytes=float(device.memory_bytes),
+                    allreduce_total_s=sum(layer_allreduce),
+                    framework_bytes=framework,
                 )
             )
     tail = max(d.allreduce_s + d.update_s for d in devices)
     worst = max(devices, key=lambda d: d.allreduce_s + d.update_s)
-    step_s = pipeline_s + tail
+    step_s = pipeline_s + tail + tables.runtime.step_overhead_s
     return Estimate(
         step_time_s=step_s,
         throughput_samples_per_s=plan.global_batch_size / step_s,

@@ -8,11 +8,14 @@ an O(1) lookup, which the planner's partitioning relies on.
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 from orchestrator.costmodel import comm, memory
 from orchestrator.costmodel.compute import LayerTime, analytic_layer_time
+from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.devices import DeviceType
 from orchestrator.spec.model import ModelSpec, TrainingSpec
@@ -33,9 +36,28 @@ class LayerTable:
     state_prefix_bytes: tuple[float, ...]
     activation_prefix_bytes: tuple[float, ...]  # one microbatch in flight
     estimated_layers: tuple[int, ...]
+    # Optimizer seconds charged once per pipeline stage whatever layers it holds (sources such as
+    # Sailor measure the step of a stage, not of a layer); 0 where the update is per layer.
+    stage_update_s: float = 0.0
     _memory_prefix_cache: dict[int, list[float]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _largest_cache: dict[int, tuple[float, float]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def largest_layer(self, in_flight: int) -> tuple[float, float]:
+        """The largest single layer's compute seconds and memory bytes (cached)."""
+        found = self._largest_cache.get(in_flight)
+        if found is None:
+            compute = self.compute_prefix_s
+            mem = self.memory_prefix_bytes(in_flight)
+            found = (
+                max(b - a for a, b in pairwise(compute)),
+                max(b - a for a, b in pairwise(mem)),
+            )
+            self._largest_cache[in_flight] = found
+        return found
 
     def memory_prefix_bytes(self, in_flight: int) -> list[float]:
         """Prefix sums of ``state + in_flight * activations`` (cached per in-flight count)."""
@@ -58,7 +80,9 @@ class LayerTable:
         return sum(t.backward_s for t in self.times[start:end])
 
     def update_s(self, start: int, end: int) -> float:
-        return self.update_prefix_s[end] - self.update_prefix_s[start]
+        """Optimizer seconds of a stage holding layers ``[start, end)``."""
+        per_layer = self.update_prefix_s[end] - self.update_prefix_s[start]
+        return per_layer + (self.stage_update_s if end > start else 0.0)
 
     def state_bytes(self, start: int, end: int) -> float:
         return self.state_prefix_bytes[end] - self.state_prefix_bytes[start]
@@ -69,6 +93,21 @@ class LayerTable:
     def memory_bytes(self, start: int, end: int, in_flight: int) -> float:
         """State plus ``in_flight`` microbatches of activations for layers ``[start, end)``."""
         return self.state_bytes(start, end) + in_flight * self.activation_bytes(start, end)
+
+
+def _proxy_hidden_size(profiles: ProfileSet) -> float | None:
+    """A profiled model's hidden size, read from its measured block parameters (12 h^2 + 13 h
+    per GPT block at tp 1, so h ~ sqrt(params / 12))."""
+    for f in profiles.files:
+        for e in f.entries:
+            if e.tp != 1:
+                continue
+            blocks = sorted(e.layers)[1:-1]
+            params = [b for i in blocks if (b := e.layers[i].param_bytes)]
+            if params and f.dtype:
+                dtype_bytes = 4 if f.dtype == "fp32" else 2
+                return math.sqrt(params[0] / dtype_bytes / 12)
+    return None
 
 
 def _prefix(values: list[float]) -> tuple[float, ...]:
@@ -85,11 +124,15 @@ class CostTables:
         device_types: dict[str, DeviceType],
         profiles: ProfileSet | None = None,
         intra_node_bandwidth_bytes_per_s: dict[str, float] | None = None,
+        *,
+        runtime: RuntimePreset = ORCHESTRATOR,
     ) -> None:
         self.model = model
         self.training = training
         self.device_types = device_types
-        self.profiles = (profiles or ProfileSet()).for_model(model.name)
+        self.all_profiles = profiles or ProfileSet()
+        self.profiles = self.all_profiles.for_model(model.name)
+        self.runtime = runtime
         self._intra = intra_node_bandwidth_bytes_per_s or {}
         self._cache: dict[tuple[str, int, int], LayerTable] = {}
 
@@ -100,14 +143,40 @@ class CostTables:
         training: TrainingSpec,
         cluster: Cluster,
         profiles: ProfileSet | None = None,
+        *,
+        runtime: RuntimePreset = ORCHESTRATOR,
     ) -> CostTables:
         """Tables for the device types present in ``cluster`` (intra-node bandwidth per type: the
-        slowest of its nodes)."""
+        slowest of its nodes), with the memory constants of ``runtime``."""
         intra: dict[str, float] = {}
         for node in cluster.nodes:
             name = node.device_type.name
             intra[name] = min(intra.get(name, float("inf")), node.intra_node_bandwidth_bytes_per_s)
-        return cls(model, training, cluster.device_types, profiles, intra)
+        return cls(model, training, cluster.device_types, profiles, intra, runtime=runtime)
+
+    def framework_overhead_bytes(self, device_type: str) -> float:
+        """Fixed bytes the runtime occupies on one device of this type."""
+        return self.runtime.framework_overhead_bytes(self.device_types[device_type])
+
+    def usable_memory_bytes(self, device_type: str) -> float:
+        """Device memory left for model state and activations under this runtime."""
+        device = self.device_types[device_type]
+        return max(0.0, device.memory_bytes - self.framework_overhead_bytes(device_type))
+
+    def _memory_entry(self, device_type: str, microbatch_size: int, tp: int) -> ProfileEntry | None:
+        """An entry with measured activation memory at this (microbatch size, tp): this device
+        type's, else another type's (activation and parameter bytes depend on the model and the
+        runtime, not on the GPU), so a type without a time profile still gets measured memory."""
+        own = self.profiles.lookup(device_type, microbatch_size, tp)
+        if own is not None and any(t.activation_bytes is not None for t in own.layers.values()):
+            return own
+        for f in self.profiles.files:
+            other = self.profiles.lookup(f.device_type, microbatch_size, tp)
+            if other is not None and any(
+                t.activation_bytes is not None for t in other.layers.values()
+            ):
+                return other
+        return None
 
     def table(self, device_type: str, microbatch_size: int, tp: int) -> LayerTable:
         key = (device_type, microbatch_size, tp)
@@ -119,15 +188,16 @@ class CostTables:
 
     def _measured(
         self, device_type: str, microbatch_size: int, tp: int
-    ) -> tuple[ProfileEntry | None, float]:
-        """The profile entry to use and the factor to scale it by (1.0 when exact).
+    ) -> tuple[ProfileEntry | None, float, float]:
+        """The profile entry to use and the factors to scale its times and its activation memory
+        by (1.0 when exact).
 
         Without an entry at this microbatch size, the nearest measured one at the same tp is scaled
         linearly in the microbatch size (its numbers then count as estimated).
         """
         exact = self.profiles.lookup(device_type, microbatch_size, tp)
         if exact is not None:
-            return exact, 1.0
+            return exact, 1.0, 1.0
         measured = [
             e
             for f in self.profiles.files
@@ -136,22 +206,82 @@ class CostTables:
             if e.tp == tp
         ]
         if not measured:
-            return None, 1.0
+            entry, speed = self._transferred(device_type, microbatch_size, tp)
+            return entry, speed, 1.0
         nearest = min(
             measured, key=lambda e: (abs(e.microbatch_size - microbatch_size), e.microbatch_size)
         )
-        return nearest, microbatch_size / nearest.microbatch_size
+        scale = microbatch_size / nearest.microbatch_size
+        return nearest, scale, scale
+
+    def _transferred(
+        self, device_type: str, microbatch_size: int, tp: int
+    ) -> tuple[ProfileEntry | None, float]:
+        """A device type with no profile of this model: another type's measured entry, scaled by
+        how much slower the two types measured on a proxy model, or (None, 1) when no pair exists.
+
+        The proxy is the model profiled on both types whose hidden size is nearest (log scale) to
+        this one's: achieved speed depends on matmul shapes, so a like-sized model transfers best.
+        The factor is the median, over the proxy's shared (microbatch, tp) entries, of the ratio of
+        block seconds (target over reference). The result counts as estimated.
+        """
+        candidates = []
+        for reference in self.profiles.device_types():
+            entry = self.profiles.lookup(reference, microbatch_size, tp)
+            if entry is None:
+                continue
+            ratio = self._speed_ratio(device_type, reference)
+            if ratio is not None:
+                candidates.append((ratio[0], -ratio[1], reference, entry, ratio[2]))
+        if not candidates:
+            return None, 1.0
+        _, _, _, entry, factor = min(candidates, key=lambda c: c[:3])
+        return entry, factor
+
+    def _speed_ratio(self, target: str, reference: str) -> tuple[float, int, float] | None:
+        """(hidden-size distance of the proxy, shared entries, median target/reference ratio)."""
+        best: tuple[float, int, float] | None = None
+        models = {f.model for f in self.all_profiles.files if f.model != self.model.name}
+        for name in sorted(models):
+            proxy = self.all_profiles.for_model(name)
+            ratios = []
+            for f in proxy.files:
+                if f.device_type != target:
+                    continue
+                for e in f.entries:
+                    ref = proxy.lookup(reference, e.microbatch_size, e.tp)
+                    if ref is None:
+                        continue
+                    shared = sorted(set(e.layers) & set(ref.layers))[1:-1]  # blocks only
+                    num = sum(e.layers[i].forward_s + e.layers[i].backward_s for i in shared)
+                    den = sum(ref.layers[i].forward_s + ref.layers[i].backward_s for i in shared)
+                    if num > 0 and den > 0:
+                        ratios.append(num / den)
+            if not ratios:
+                continue
+            hidden = _proxy_hidden_size(proxy)
+            distance = abs(math.log(hidden / self.model.hidden_size)) if hidden else float("inf")
+            found = (distance, len(ratios), statistics.median(ratios))
+            if best is None or (found[0], -found[1]) < (best[0], -best[1]):
+                best = found
+        return best
 
     def _build(self, device_type: str, microbatch_size: int, tp: int) -> LayerTable:
         model, training = self.model, self.training
         device = self.device_types[device_type]
         intra = self._intra.get(device_type, device.intra_node_bandwidth_bytes_per_s)
         tp_comm_s = comm.tp_allreduce_per_pass_s(model, microbatch_size, tp, intra)
-        entry, scale = self._measured(device_type, microbatch_size, tp)
+        entry, scale, memory_scale = self._measured(device_type, microbatch_size, tp)
+        memory_entry = self._memory_entry(device_type, microbatch_size, tp)
+        exact = self.profiles.lookup(device_type, microbatch_size, tp) is not None
+        # Borrowed from another device type: the update scales with its speed too.
+        transferred = entry is not None and device_type not in self.profiles.device_types()
+        update_scale = scale if transferred else 1.0
         times: list[LayerTime] = []
         activations: list[float] = []
         for layer in range(model.num_planner_layers):
             measured = entry.layers.get(layer) if entry is not None else None
+            measured_memory = memory_entry.layers.get(layer) if memory_entry is not None else None
             if measured is None:
                 times.append(
                     analytic_layer_time(
@@ -174,17 +304,21 @@ class CostTables:
                     LayerTime(
                         forward_s=measured.forward_s * scale,
                         backward_s=measured.backward_s * scale,
-                        update_s=update_s,
-                        estimated=scale != 1.0,
+                        update_s=update_s * update_scale,
+                        estimated=not exact,
                     )
                 )
             if measured is not None and measured.activation_bytes is not None:
-                activations.append(measured.activation_bytes * scale)
+                activations.append(measured.activation_bytes * memory_scale)
+            elif measured_memory is not None and measured_memory.activation_bytes is not None:
+                activations.append(float(measured_memory.activation_bytes))
             else:
                 activations.append(
                     memory.activation_bytes_per_microbatch(model, layer, microbatch_size, tp)
                 )
-        states = [memory.state_bytes(model, training, i, tp) for i in range(len(times))]
+        per_param = self.runtime.state_bytes(model, training)
+        states = [model.layer_params(i) / tp * per_param for i in range(len(times))]
+        stage_update_s = entry.stage_update_s if entry is not None else None
         return LayerTable(
             device_type=device_type,
             microbatch_size=microbatch_size,
@@ -195,4 +329,5 @@ class CostTables:
             state_prefix_bytes=_prefix(states),
             activation_prefix_bytes=_prefix(activations),
             estimated_layers=tuple(i for i, t in enumerate(times) if t.estimated),
+            stage_update_s=(stage_update_s or 0.0) * update_scale,
         )

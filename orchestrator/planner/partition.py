@@ -2,15 +2,25 @@
 
 Given the stages' device types (in order), each layer's cost on each, and each stage's memory cap,
 find boundaries that minimise the bottleneck (the slowest stage's per-microbatch time) subject to
-memory. For a candidate bottleneck ``T`` a greedy pass decides feasibility exactly: each stage, in
-order, takes as many layers as fit in ``T`` and in its memory (taking more never hurts the stages
-after it, since their range only shrinks). Bisection over ``T`` then finds the least feasible
-bottleneck to a relative precision of 1e-9, i.e. exactly for planning purposes.
+memory, every stage holding at least one layer.
+
+For a candidate bottleneck ``T``, feasibility is decided exactly by a reachability pass: stage ``s``
+may end at ``e`` if some end ``b`` of stage ``s - 1`` is reachable and layers ``[b, e)`` fit ``T``
+and stage ``s``'s memory. From one start the fitting ends form an interval ``(b, f(b)]`` (time and
+memory only grow with more layers), so each stage's reachable ends are a union of intervals, found
+with a difference array in ``O(n)`` plus a bisection per start. (A greedy pass, each stage taking
+as many layers as fit, is not exact when stages differ per layer: taking more can force a later
+stage onto a layer that is slow on its device, and the non-empty stages cannot give it back.)
+Where every single layer fits the stage, the union over a range of reachable starts is one range,
+so a check costs a few bisections per stage.
+Bisection over ``T`` finds the least feasible bottleneck to a relative precision of 1e-9, i.e.
+exactly for planning purposes; the boundaries come from walking the reachable sets backwards.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.costmodel.tables import LayerTable
@@ -48,21 +58,127 @@ def _furthest_end(stage: StageCosts, start: int, budget_s: float, last_allowed: 
     return min(by_time, by_memory, last_allowed)
 
 
+Intervals = list[tuple[int, int]]  # disjoint, sorted, inclusive ranges of layer boundaries
+
+
+def _largest_layer(stage: StageCosts) -> tuple[float, float]:
+    """The largest single layer's seconds and bytes on this stage."""
+    return stage.table.largest_layer(stage.in_flight)
+
+
+def _merge(intervals: Intervals) -> Intervals:
+    out: Intervals = []
+    for lo, hi in sorted(intervals):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _reachable(
+    stages: list[StageCosts],
+    num_layers: int,
+    bottleneck_s: float,
+    largest: list[tuple[float, float]],
+) -> list[Intervals]:
+    """``out[s]``: the ends ``e`` such that stages ``0..s`` can cover layers ``[0, e)``."""
+    starts: Intervals = [(0, 0)]
+    out: list[Intervals] = []
+    for stage, (layer_s, layer_bytes) in zip(stages, largest, strict=True):
+        ends: Intervals = []
+        every_layer_fits = (
+            layer_s <= bottleneck_s - stage.comm_s and layer_bytes <= stage.memory_cap_bytes
+        )
+        for lo, hi in starts:
+            hi = min(hi, num_layers - 1)
+            if lo > hi:
+                continue
+            if every_layer_fits:
+                # f(b) >= b + 1 for every start b and f never decreases, so the union of the
+                # (b, f(b)] over [lo, hi] is the one range [lo + 1, f(hi)].
+                ends.append((lo + 1, _furthest_end(stage, hi, bottleneck_s, num_layers)))
+                continue
+            for b in range(lo, hi + 1):
+                f = _furthest_end(stage, b, bottleneck_s, num_layers)
+                if f > b:
+                    ends.append((b + 1, f))
+        starts = _merge(ends)
+        out.append(starts)
+    return out
+
+
+def _latest_before(intervals: Intervals, end: int) -> int | None:
+    """The largest boundary in ``intervals`` below ``end``."""
+    for lo, hi in reversed(intervals):
+        if lo < end:
+            return min(hi, end - 1)
+    return None
+
+
+def _boundaries(
+    stages: list[StageCosts],
+    num_layers: int,
+    bottleneck_s: float,
+    largest: list[tuple[float, float]] | None = None,
+) -> list[int] | None:
+    """Boundaries if every stage fits ``bottleneck_s`` and memory, else None.
+
+    Walking back from the last stage, each stage starts at the latest reachable boundary below
+    the current end; the furthest end from a start never decreases with the start, so if that one
+    cannot reach the end no earlier one can (and reachability says one can).
+    """
+    if largest is None:
+        largest = [_largest_layer(stage) for stage in stages]
+    reach = _reachable(stages, num_layers, bottleneck_s, largest)
+    last = reach[-1]
+    if not last or last[-1][1] < num_layers:
+        return None
+    boundaries = [num_layers]
+    end = num_layers
+    for s in range(len(stages) - 1, 0, -1):
+        start = _latest_before(reach[s - 1], end)
+        if start is None or _furthest_end(stages[s], start, bottleneck_s, num_layers) < end:
+            raise AssertionError("layer split: reachable end without a start")
+        boundaries.append(start)
+        end = start
+    boundaries.append(0)
+    return boundaries[::-1]
+
+
 def _greedy(stages: list[StageCosts], num_layers: int, bottleneck_s: float) -> list[int] | None:
-    """Boundaries if every stage fits ``bottleneck_s`` and memory, else None."""
+    """Boundaries from filling each stage in turn, or None. A found split is valid; None is not
+    proof that none exists (see the module docstring), so it only speeds up the search."""
     p = len(stages)
     boundaries = [0]
     start = 0
     for s, stage in enumerate(stages):
         last_allowed = num_layers - (p - 1 - s)  # leave one layer for each later stage
         end = _furthest_end(stage, start, bottleneck_s, last_allowed)
-        if end <= start:
-            return None
-        if s == p - 1 and end < num_layers:
+        if end <= start or (s == p - 1 and end < num_layers):
             return None
         boundaries.append(end)
         start = end
     return boundaries
+
+
+Check = Callable[[list[StageCosts], int, float], "list[int] | None"]
+
+
+def _bisect(
+    check: Check, stages: list[StageCosts], num_layers: int, lo: float, hi: float, best: list[int]
+) -> tuple[float, float, list[int]]:
+    """Narrow ``(lo, hi]`` (``check`` fails at ``lo``, succeeds at ``hi`` with ``best``)."""
+    for _ in range(_MAX_BISECTIONS):
+        if hi - lo <= _RELATIVE_PRECISION * hi:
+            break
+        mid = (lo + hi) / 2
+        found = check(stages, num_layers, mid)
+        if found is None:
+            lo = mid
+        else:
+            hi, best = mid, found
+    return lo, hi, best
 
 
 def split_layers(stages: list[StageCosts], num_layers: int) -> Split | None:
@@ -70,19 +186,24 @@ def split_layers(stages: list[StageCosts], num_layers: int) -> Split | None:
     if not stages or len(stages) > num_layers:
         return None
     hi = max(s.table.compute_prefix_s[num_layers] + s.comm_s for s in stages) * (1 + 1e-12)
-    best = _greedy(stages, num_layers, hi)
-    if best is None:
-        return None  # memory rules out every split, whatever the time budget
-    lo = 0.0
-    for _ in range(_MAX_BISECTIONS):
-        if hi - lo <= _RELATIVE_PRECISION * hi:
-            break
-        mid = (lo + hi) / 2
-        found = _greedy(stages, num_layers, mid)
+    largest = [_largest_layer(stage) for stage in stages]
+
+    def exact(stages: list[StageCosts], num_layers: int, budget_s: float) -> list[int] | None:
+        return _boundaries(stages, num_layers, budget_s, largest)
+
+    # Fast path: bisect with the greedy check, then certify with one exact check just below the
+    # greedy optimum; only where the greedy answer is beaten does the exact bisection run.
+    greedy = _greedy(stages, num_layers, hi)
+    if greedy is not None:
+        lo, hi, best = _bisect(_greedy, stages, num_layers, 0.0, hi, greedy)
+        better = exact(stages, num_layers, lo)
+        if better is not None:
+            _, _, best = _bisect(exact, stages, num_layers, 0.0, lo, better)
+    else:
+        found = exact(stages, num_layers, hi)
         if found is None:
-            lo = mid
-        else:
-            hi, best = mid, found
+            return None  # memory rules out every split, whatever the time budget
+        _, _, best = _bisect(exact, stages, num_layers, 0.0, hi, found)
     stage_s = tuple(
         stage.table.compute_s(best[i], best[i + 1]) + stage.comm_s for i, stage in enumerate(stages)
     )

@@ -20,6 +20,8 @@ from orchestrator.costmodel import (
     estimate_with_tables,
     fluid_bound,
 )
+from orchestrator.costmodel.bound import memory_bound
+from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.errors import InfeasibleError
 from orchestrator.planner.placement import place
 from orchestrator.planner.selection import SearchConfig, Selection, SelectionSearch
@@ -136,25 +138,41 @@ def uniform_data_parallel(
 
 
 def _shortfall_message(tables: CostTables, infos: dict[str, TypeInfo]) -> str:
-    """How much memory is missing per device type for the leanest imaginable split."""
-    model = tables.model
-    parts = []
-    for name, info in sorted(infos.items()):
-        tp = max(info.tp_options)
-        table = tables.table(name, min(tables.training.microbatch_sizes), tp)
-        depth = min(info.num_devices // tp, model.num_planner_layers)
-        # Best case: state spread evenly over `depth` stages; any stage holds at least one whole
-        # layer with one microbatch in flight.
-        need = max(
-            table.state_bytes(0, model.num_planner_layers) / depth,
-            max(table.memory_bytes(i, i + 1, 1) for i in range(model.num_planner_layers)),
+    """Why nothing fits: the memory lower bound, and a shortfall only where one is proven."""
+    bound = memory_bound(
+        tables,
+        {d: i.num_devices for d, i in infos.items()},
+        {d: i.memory_cap_bytes for d, i in infos.items()},
+        {d: list(i.tp_options) for d, i in infos.items()},
+    )
+    have = "; ".join(
+        f"{d}: {i.num_devices} x {i.memory_cap_bytes / GiB:.1f} GiB usable"
+        for d, i in sorted(infos.items())
+    )
+    mbs = min(tables.training.microbatch_sizes)
+    if bound.pipeline_shortfall_bytes > 0:
+        return (
+            f"one pipeline needs >= {bound.pipeline_need_bytes / GiB:.1f} GiB (training state "
+            f"{bound.state_bytes / GiB:.1f} + one microbatch of {mbs} in flight per layer "
+            f"{bound.activation_bytes / GiB:.1f}) and the whole cluster has "
+            f"{bound.cluster_usable_bytes / GiB:.1f} GiB usable ({have}): missing "
+            f"{bound.pipeline_shortfall_bytes / GiB:.1f} GiB"
         )
-        missing_gib = max(need - info.memory_cap_bytes, 0) / GiB
-        parts.append(
-            f"{name}: needs >= {need / GiB:.1f} GiB per device over {depth} stages x tp {tp}, "
-            f"has {info.memory_cap_bytes / GiB:.1f} GiB usable (missing {missing_gib:.1f} GiB)"
-        )
-    return "; ".join(parts)
+    if bound.layer_shortfall_bytes() > 0:
+        parts = [
+            f"{d}: its largest layer needs {need / GiB:.1f} GiB per device at tp "
+            f"{max(infos[d].tp_options)}, has {cap / GiB:.1f} GiB usable (missing "
+            f"{(need - cap) / GiB:.1f} GiB)"
+            for d, (need, cap) in sorted(bound.largest_layer_by_type.items())
+        ]
+        return "no device holds the largest layer: " + "; ".join(parts)
+    return (
+        "the memory lower bound is met (one pipeline needs >= "
+        f"{bound.pipeline_need_bytes / GiB:.1f} GiB, the cluster has "
+        f"{bound.cluster_usable_bytes / GiB:.1f} GiB usable: {have}), but "
+        "no pipeline the planner searches fits: under 1F1B stage s of p holds p - s microbatches "
+        "in flight, so the first stages need more than the even share"
+    )
 
 
 def make_plan(
@@ -163,16 +181,19 @@ def make_plan(
     training: TrainingSpec,
     profiles: ProfileSet | None = None,
     config: SearchConfig | None = None,
+    *,
+    runtime: RuntimePreset = ORCHESTRATOR,
 ) -> PlanResult:
-    """Choose the fastest memory-feasible plan for ``model`` on ``cluster``.
+    """Choose the fastest memory-feasible plan for ``model`` on ``cluster`` (executed by
+    ``runtime``, whose memory constants the cost model uses).
 
     Raises :class:`~orchestrator.errors.InfeasibleError` when nothing fits, saying how much
     memory is missing on which device type.
     """
     started = time.perf_counter()
     config = config or SearchConfig()
-    tables = CostTables.for_cluster(model, training, cluster, profiles)
-    infos = type_infos(cluster, model, training)
+    tables = CostTables.for_cluster(model, training, cluster, profiles, runtime=runtime)
+    infos = type_infos(cluster, model, training, runtime)
     bound = fluid_bound(
         tables,
         cluster.device_counts,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from orchestrator.costmodel import comm
+from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.costmodel.tables import CostTables
 from orchestrator.planner.partition import Split, StageCosts, split_layers
 from orchestrator.spec.cluster import Cluster
@@ -34,8 +35,14 @@ class TypeInfo:
     tp_options: tuple[int, ...]
 
 
-def type_infos(cluster: Cluster, model: ModelSpec, training: TrainingSpec) -> dict[str, TypeInfo]:
-    """One :class:`TypeInfo` per device type in the cluster, keyed and ordered by name."""
+def type_infos(
+    cluster: Cluster,
+    model: ModelSpec,
+    training: TrainingSpec,
+    runtime: RuntimePreset = ORCHESTRATOR,
+) -> dict[str, TypeInfo]:
+    """One :class:`TypeInfo` per device type in the cluster, keyed and ordered by name; memory
+    caps leave out ``runtime``'s fixed framework footprint."""
     out: dict[str, TypeInfo] = {}
     for name in sorted(cluster.device_types):
         nodes = cluster.nodes_of_type(name)
@@ -54,7 +61,11 @@ def type_infos(cluster: Cluster, model: ModelSpec, training: TrainingSpec) -> di
             devices_per_node=per_node,
             intra_node_bandwidth_bytes_per_s=min(n.intra_node_bandwidth_bytes_per_s for n in nodes),
             network_share_bytes_per_s=min(n.network_share_bytes_per_s for n in nodes),
-            memory_cap_bytes=float(cluster.device_types[name].usable_memory_bytes),
+            memory_cap_bytes=max(
+                0.0,
+                cluster.device_types[name].memory_bytes
+                - runtime.framework_overhead_bytes(cluster.device_types[name]),
+            ),
             tp_options=tps,
         )
     return out
@@ -95,10 +106,10 @@ class Template:
     sum_s: float = field(init=False, compare=False)
 
 
-def _p2p_bandwidth(a: TypeInfo, b: TypeInfo, stage_types: tuple[tuple[str, int], ...]) -> float:
-    """Bandwidth between consecutive stages: intra-node when the whole replica fits one node."""
-    total = sum(tp for _, tp in stage_types)
-    if a.name == b.name and len({n for n, _ in stage_types}) == 1 and total <= a.devices_per_node:
+def _p2p_bandwidth(a: TypeInfo, b: TypeInfo, one_type_devices: int | None) -> float:
+    """Bandwidth between consecutive stages: intra-node when the whole replica fits one node
+    (``one_type_devices``: the replica's device count when it uses one type, else None)."""
+    if a.name == b.name and one_type_devices is not None and one_type_devices <= a.devices_per_node:
         return a.intra_node_bandwidth_bytes_per_s
     return min(a.network_share_bytes_per_s, b.network_share_bytes_per_s)
 
@@ -114,14 +125,17 @@ def build_template(
     p = len(stage_types)
     act_bytes = comm.boundary_activation_bytes(model, microbatch_size)
     stages: list[StageCosts] = []
+    one_type = len({n for n, _ in stage_types}) == 1
+    one_type_devices = sum(tp for _, tp in stage_types) if one_type else None
     for s, (name, tp) in enumerate(stage_types):
         comm_s = 0.0
+        # Under tensor parallelism each rank sends its 1/tp slice of the boundary activation.
         if s + 1 < p:
-            bw = _p2p_bandwidth(infos[name], infos[stage_types[s + 1][0]], stage_types)
-            comm_s += comm.p2p_s(act_bytes, bw)
+            bw = _p2p_bandwidth(infos[name], infos[stage_types[s + 1][0]], one_type_devices)
+            comm_s += comm.p2p_s(act_bytes / min(tp, stage_types[s + 1][1]), bw)
         if s > 0:
-            bw = _p2p_bandwidth(infos[stage_types[s - 1][0]], infos[name], stage_types)
-            comm_s += comm.p2p_s(act_bytes, bw)
+            bw = _p2p_bandwidth(infos[stage_types[s - 1][0]], infos[name], one_type_devices)
+            comm_s += comm.p2p_s(act_bytes / min(tp, stage_types[s - 1][1]), bw)
         stages.append(
             StageCosts(
                 table=tables.table(name, microbatch_size, tp),

@@ -8,10 +8,21 @@ Sailor (eth-easl/sailor, MIT) measured every layer of a Megatron-DeepSpeed model
   numbers per tensor-parallel rank for *one* sample (``act_output_floats`` of a block is exactly
   ``sequence_length * hidden_size``).
 
-Memory is converted as ``param_bytes = params_floats * dtype bytes`` (the layer's weights on one
-tp rank) and ``activation_bytes = act_mem_floats * dtype bytes * microbatch_size`` (activations
-grow linearly with the microbatch). ``llm_info.json``'s own ``*_bytes`` fields count 4 bytes per
-number whatever the training dtype, so they are not used.
+Sailor's ``update_s`` is the same figure on every layer: it is the optimizer step of a pipeline
+stage, which Sailor's simulator reads once per stage (at the stage's first layer), never summed
+over layers. The importer keeps it once, as the entry's ``stage_update_s``, and gives the layers an
+``update_s`` of 0. A profile whose updates are all 0 (not measured) gets ``update_s`` null, so the
+cost model estimates the update.
+
+Memory: ``param_bytes = params_floats * dtype bytes`` (the layer's weights on one tp rank).
+Activations are *not* taken from ``act_mem_floats`` as bytes. Megatron's activation memory is
+Korthikanti et al.'s formula (measured on Megatron itself, ``costmodel/memory.py``): 4.5 B per
+counted unit for OPT-350's blocks (tp 1), 5.0 B (tp 1) to 4.2 B (tp 4) for GPT-Neo-2.7's, and the
+measured GPT-Neo runs on GH200 rise by 4.2 B per unit at tp 4, as the formula says; 2 B per unit
+(one fp16 number each) under-counts by more than half. The ratio is not one constant (the count
+weighs the attention scores and the other activations differently), so the profiles carry no
+activation bytes and the cost model applies the formula. ``llm_info.json``'s own ``*_bytes`` fields
+count 4 bytes per number whatever the training dtype, so they are not used either.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ SAILOR_DEFAULT_DTYPE = Dtype.FP16
 
 
 def _layer_timing(
-    value: Any, where: str, memory: dict[str, Any] | None, mbs: int, dtype: Dtype
+    value: Any, where: str, memory: dict[str, Any] | None, dtype: Dtype, per_stage: bool
 ) -> LayerTiming:
     if not isinstance(value, list) or len(value) != 3:
         raise SpecError(
@@ -45,18 +56,27 @@ def _layer_timing(
             field=where,
             fix="pass an unmodified Sailor profile.json",
         )
-    fwd_s, bwd_s, update_s = (seconds(v, where) for v in value)
-    param_bytes = activation_bytes = None
+    fwd_s, bwd_s, _stage_update_s = (seconds(v, where) for v in value)
+    param_bytes = None
     if memory is not None:
         param_bytes = int(memory["params_floats"]) * dtype.size_bytes
-        activation_bytes = int(memory["act_mem_floats"]) * dtype.size_bytes * mbs
     return LayerTiming(
         forward_s=fwd_s,
         backward_s=bwd_s,
-        update_s=update_s,
-        activation_bytes=activation_bytes,
+        # The stage's update is kept once on the entry (module docstring); None: not measured.
+        update_s=0.0 if per_stage else None,
         param_bytes=param_bytes,
     )
+
+
+def _stage_update_s(raw_layers: dict[str, Any], where: str) -> float | None:
+    """The stage's optimizer seconds: the figure at the first layer (as Sailor's simulator reads
+    it), or None when the source measured none (every figure 0)."""
+    ordered = sorted(raw_layers.items(), key=lambda kv: int_key(kv[0], where))
+    figures = [v[2] for _, v in ordered if isinstance(v, list) and len(v) == 3]
+    if not figures or not any(figures):
+        return None
+    return seconds(figures[0], f"{where}[{ordered[0][0]}]")
 
 
 def _memory_of(llm_info_model: dict[str, Any] | None, tp: int, layer: int) -> dict[str, Any] | None:
@@ -97,16 +117,25 @@ def convert_sailor_profile(
         for tp_key, by_layer in sorted(mapping(by_tp, f"{source}[{mbs_key}]").items()):
             tp = int_key(tp_key, f"{source}[{mbs_key}]")
             where = f"{source}[{mbs_key}][{tp_key}]"
+            raw_layers = mapping(by_layer, where)
+            stage_update_s = _stage_update_s(raw_layers, where)
             layers: dict[int, LayerTiming] = {}
-            for layer_key, value in mapping(by_layer, where).items():
+            for layer_key, value in raw_layers.items():
                 layer = int_key(layer_key, where)
                 memory = _memory_of(llm_info_model, tp, layer)
-                layers[layer] = _layer_timing(value, f"{where}[{layer_key}]", memory, mbs, dtype)
+                layers[layer] = _layer_timing(
+                    value, f"{where}[{layer_key}]", memory, dtype, stage_update_s is not None
+                )
             if num_layers is not None:
                 _check_layer_count(layers, num_layers, where)
             if layers and tp > 0:
                 entries.append(
-                    ProfileEntry(microbatch_size=mbs, tp=tp, layers=dict(sorted(layers.items())))
+                    ProfileEntry(
+                        microbatch_size=mbs,
+                        tp=tp,
+                        layers=dict(sorted(layers.items())),
+                        stage_update_s=stage_update_s,
+                    )
                 )
     if not entries:
         raise SpecError(
@@ -140,12 +169,12 @@ def _describe_source(source: str, has_memory: bool, dtype: Dtype) -> str:
     text = f"Sailor (eth-easl/sailor, MIT) {source}: measured forward, backward, update seconds"
     if has_memory:
         text += (
-            f"; memory from llm_info.json: params_floats x {dtype.size_bytes} B, "
-            f"act_mem_floats x {dtype.size_bytes} B x microbatch size"
+            f"; parameter bytes from llm_info.json: params_floats x {dtype.size_bytes} B "
+            "(activations: the cost model's formula)"
         )
     else:
         text += "; no memory figures (estimated by the cost model)"
-    return text
+    return text + "; the update is a stage's optimizer step (stage_update_s, once per stage)"
 
 
 def import_sailor(

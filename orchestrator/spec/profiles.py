@@ -45,6 +45,10 @@ class ProfileEntry(BaseModel):
     microbatch_size: PositiveInt
     tp: PositiveInt = 1
     layers: dict[int, LayerTiming] = Field(min_length=1)
+    # Optimizer seconds of one pipeline stage, charged once per stage whatever layers it holds (a
+    # source that measured the step of a stage rather than of each layer); the layers' own
+    # ``update_s`` then holds 0. None: per-layer figures only.
+    stage_update_s: NonNegativeFloat | None = None
 
 
 class ProfileFile(BaseModel):

@@ -41,23 +41,40 @@ def test_times_are_copied_per_microbatch_and_tp() -> None:
     keys = [(e.microbatch_size, e.tp) for e in profile.entries]
     assert keys == [(1, 1), (2, 1), (2, 2)]  # sorted by (microbatch, tp)
     block = profile.entries[1].layers[1]  # mbs 2, tp 1, layer 1: [0.019, 0.039, 0.003]
-    assert (block.forward_s, block.backward_s, block.update_s) == (0.019, 0.039, 0.003)
+    assert (block.forward_s, block.backward_s) == (0.019, 0.039)
     assert sorted(profile.entries[0].layers) == [0, 1, 2]
 
 
-def test_memory_is_floats_times_dtype_bytes_times_microbatch() -> None:
+def test_update_is_kept_once_per_stage_not_per_layer() -> None:
+    # Sailor's update_s is a stage's optimizer step, read at the stage's first layer: mbs 2, tp 1
+    # holds 0.002 at layer 0, so the entry's stage update is 0.002 and every layer's own is 0.
+    profile = convert()
+    mbs2 = profile.entries[1]
+    assert mbs2.stage_update_s == 0.002
+    assert all(t.update_s == 0.0 for t in mbs2.layers.values())
+    assert profile.entries[2].stage_update_s == 0.001  # mbs 2, tp 2: [.., .., 0.001] at layer 0
+
+
+def test_update_of_zero_everywhere_means_not_measured() -> None:
+    raw = {"1": {"1": {"0": [0.001, 0.0, 0.0], "1": [0.01, 0.02, 0.0], "2": [0.004, 0.005, 0.0]}}}
+    profile = convert_sailor_profile(raw, model="m", device_type="A100-40", source="literal")
+    entry = profile.entries[0]
+    assert entry.stage_update_s is None
+    assert all(t.update_s is None for t in entry.layers.values())  # the cost model estimates it
+
+
+def test_parameters_are_floats_times_dtype_bytes_and_activations_are_left_to_the_formula() -> None:
     profile = convert(llm_info_model=LLM_INFO, dtype=Dtype.FP16)
     mbs1, mbs2, mbs2_tp2 = profile.entries
-    # block: 300 params x 2 B = 600 B; activations 700 floats x 2 B x mbs
+    # block: 300 params x 2 B = 600 B
     assert mbs1.layers[1].param_bytes == 600
-    assert mbs1.layers[1].activation_bytes == 1400  # 700 x 2 x 1
-    assert mbs2.layers[1].activation_bytes == 2800  # 700 x 2 x 2
-    # fp32 doubles the bytes: 700 x 4 x 2 = 5600
+    # act_mem_floats is not a fixed number of bytes per unit: no activation bytes are imported
+    assert mbs1.layers[1].activation_bytes is None
+    assert mbs2.layers[1].activation_bytes is None
     fp32 = convert(llm_info_model=LLM_INFO, dtype=Dtype.FP32)
-    assert fp32.entries[1].layers[1].activation_bytes == 5600
+    assert fp32.entries[1].layers[1].param_bytes == 1200  # 300 x 4 B
     assert fp32.dtype == "fp32"
     # llm_info has no tp 2: no memory figures there (the cost model estimates them)
-    assert mbs2_tp2.layers[1].activation_bytes is None
     assert mbs2_tp2.layers[1].param_bytes is None
 
 
@@ -109,9 +126,10 @@ def test_import_fixture_maps_names_and_skips_unknown_gpus() -> None:
     # OPT-350 block on A100-40, mbs 1, tp 1 (Sailor): forward 0.002786 s, backward 0.005906 s
     block = a100.entries[0].layers[1]
     assert (block.forward_s, block.backward_s) == (0.002786, 0.005906)
-    # OPT-350 block: 12,596,224 params x 2 B; 90,181,632 activation floats x 2 B x mbs 1
+    # OPT-350 block: 12,596,224 params x 2 B; activations from the cost model's formula
     assert block.param_bytes == 12_596_224 * 2
-    assert block.activation_bytes == 90_181_632 * 2
+    assert block.activation_bytes is None
+    assert a100.entries[0].stage_update_s is not None
 
 
 def test_import_fixture_renames_and_filters() -> None:

@@ -13,7 +13,7 @@ from orchestrator.errors import InfeasibleError
 from orchestrator.planner import make_plan
 from orchestrator.spec import ClusterSpec, ModelSpec, TrainingSpec
 
-from .toy import cluster, model, profiles, training
+from .toy import GiB, cluster, model, profiles, training
 
 
 def test_uneven_batch_shares_beat_uniform_data_parallel() -> None:
@@ -140,3 +140,50 @@ def test_plan_is_byte_identical_whatever_the_hash_seed() -> None:
         outputs.add(done.stdout)
     assert len(outputs) == 1
     assert '"replicas"' in outputs.pop()
+
+
+def _bound_case(memory_gib: float, devices: int = 2):
+    from orchestrator.costmodel import CostTables
+
+    m = ModelSpec(
+        name="mid",
+        num_layers=6,
+        hidden_size=1024,
+        num_heads=16,
+        sequence_length=2048,
+        vocab_size=1000,
+        dtype="bf16",
+    )
+    tr = TrainingSpec(global_batch_size=8, microbatch_sizes=[1], max_tensor_parallel=1)
+    c = cluster(("dev", 1, devices), memory_gib={"dev": memory_gib}).resolve()
+    t = CostTables.for_cluster(m, tr, c).table("dev", 1, 1)
+    n = m.num_planner_layers
+    return m, tr, c, t.state_bytes(0, n) / GiB, t.activation_bytes(0, n) / GiB
+
+
+def test_infeasible_message_counts_activations_in_flight() -> None:
+    # Two devices hold the state with room to spare, but not state + one microbatch per layer.
+    m, tr, _, state_gib, act_gib = _bound_case(1.0)
+    memory = (state_gib + 0.5 * act_gib) / 2
+    c = cluster(("dev", 1, 2), memory_gib={"dev": memory}).resolve()
+    with pytest.raises(InfeasibleError) as err:
+        make_plan(c, m, tr)
+    text = str(err.value)
+    assert "in flight" in text and "missing" in text
+    assert f"missing {0.5 * act_gib:.1f} GiB" in text
+
+
+def test_infeasible_message_never_claims_zero_missing() -> None:
+    # The lower bound is met (state + activations fit the two devices together) but 1F1B's extra
+    # microbatch in flight on stage 0 breaks every split: no shortfall may be claimed.
+    m, tr, _, state_gib, act_gib = _bound_case(1.0)
+    memory = (state_gib + act_gib) / 2 * 1.02
+    c = cluster(("dev", 1, 2), memory_gib={"dev": memory}).resolve()
+    try:
+        make_plan(c, m, tr)
+    except InfeasibleError as err:
+        text = str(err)
+        assert "missing 0.0" not in text
+        assert "lower bound is met" in text
+    else:
+        pytest.fail("expected no plan to fit")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from orchestrator.costmodel import CostTables
@@ -88,3 +90,79 @@ def test_water_filling_adds_up_exactly() -> None:
         counts = assign_microbatches([Group(fast, 2), Group(slow, 1)], total)
         assert sum(map(sum, counts)) == total
         assert all(c >= 1 for row in counts for c in row)
+
+
+def _literal_table(costs: list[float], mems: list[float] | None = None):
+    from orchestrator.costmodel.compute import LayerTime
+    from orchestrator.costmodel.tables import LayerTable, _prefix
+
+    mems = mems or [0.0] * len(costs)
+    zeros = [0.0] * len(costs)
+    return LayerTable(
+        device_type="x",
+        microbatch_size=1,
+        tp=1,
+        times=tuple(LayerTime(c / 3, 2 * c / 3, 0.0, False) for c in costs),
+        compute_prefix_s=_prefix(costs),
+        update_prefix_s=_prefix(zeros),
+        state_prefix_bytes=_prefix(mems),
+        activation_prefix_bytes=_prefix(zeros),
+        estimated_layers=(),
+    )
+
+
+def _brute_force(stages: list[StageCosts], num_layers: int) -> float | None:
+    import itertools
+
+    best = None
+    for cuts in itertools.combinations(range(1, num_layers), len(stages) - 1):
+        b = (0, *cuts, num_layers)
+        if any(
+            st.table.memory_bytes(b[i], b[i + 1], st.in_flight) > st.memory_cap_bytes
+            for i, st in enumerate(stages)
+        ):
+            continue
+        value = max(st.table.compute_s(b[i], b[i + 1]) + st.comm_s for i, st in enumerate(stages))
+        best = value if best is None else min(best, value)
+    return best
+
+
+def test_split_is_exact_when_a_middle_layer_is_slow_on_one_device() -> None:
+    # 4 layers of 1 s on 3 stages, except that stage 1's device takes 50 s for layer 2. Filling
+    # stage 0 first ([0, 2) within 2 s) forces layer 2 onto stage 1: 50 s. The optimum gives
+    # stage 0 one layer, stage 1 layer 1, stage 2 layers 2..3: bottleneck 2 s.
+    fast = StageCosts(_literal_table([1.0, 1.0, 1.0, 1.0]), 0.0, 1, float("inf"))
+    slow_at_2 = StageCosts(_literal_table([1.0, 1.0, 50.0, 1.0]), 0.0, 1, float("inf"))
+    split = split_layers([fast, slow_at_2, fast], 4)
+    assert split is not None
+    assert split.boundaries == (0, 1, 2, 4)
+    assert split.bottleneck_s == pytest.approx(2.0)
+
+
+def test_split_equals_brute_force_on_random_non_uniform_layers() -> None:
+    import random
+
+    rng = random.Random(7)
+    for _ in range(400):
+        n = rng.randint(2, 8)
+        p = rng.randint(1, min(4, n))
+        stages = [
+            StageCosts(
+                _literal_table(
+                    [rng.choice([0.1, 1.0, 50.0]) * rng.random() for _ in range(n)],
+                    [rng.random() for _ in range(n)],
+                ),
+                rng.choice([0.0, 0.5]),
+                1,
+                rng.choice([float("inf"), 2.0, 1.0]),
+            )
+            for _ in range(p)
+        ]
+        split = split_layers(stages, n)
+        want = _brute_force(stages, n)
+        assert (split is None) == (want is None)
+        if split is not None and want is not None:
+            assert split.bottleneck_s == pytest.approx(want, rel=1e-6)
+            b = split.boundaries
+            assert b[0] == 0 and b[-1] == n
+            assert all(x < y for x, y in itertools.pairwise(b))

@@ -1,0 +1,109 @@
+"""Memory presets: what the runtime that executes a plan keeps on each device.
+
+The same plan needs different memory under different runtimes: the training state each parameter
+carries and the fixed footprint of the framework (CUDA context, allocator pools, communication
+buffers) are properties of the runtime, not of the model. A :class:`RuntimePreset` names them,
+each constant with its source:
+
+* ``orchestrator`` (our runtime, the default): the training state is what
+  :meth:`TrainingSpec.state_bytes_per_param` says (16 B per parameter for mixed-precision Adam,
+  the ZeRO paper's figure: our engine keeps exactly fp16 weights and grads plus fp32 master, m and
+  v) and the framework footprint is the device type's ``framework_overhead_bytes`` (measured per
+  device type: see ``spec/devices.py``).
+* ``megatron-deepspeed``: the runtime that produced Sailor's profiles and the validation runs.
+  Megatron keeps, per parameter, fp16 weights (2 B) and grads (2 B), an fp32 ``main_grad``
+  accumulation buffer (4 B, ``accumulate_allreduce_grads_in_fp32``), fp32 master weights, Adam m and
+  v (12 B), and DeepSpeed's flat fp32 copy of the gradients it reduces (4 B): 24 B. Its fixed
+  footprint (CUDA context with cuBLAS/cuDNN workspaces, NCCL communicators for the data-, tensor-
+  and pipeline-parallel groups, the caching allocator's reserve) is 4 GiB: the intercept of the
+  validation runs' peak memory against their model state and activations
+  (``bench/costmodel_accuracy.py``, a development set of 12 runs; one constant for all of them).
+  Its per-microbatch and per-step overheads are fitted on the same runs (see the constants).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.spec.devices import DeviceType, GiB
+from orchestrator.spec.model import ModelSpec, TrainingSpec
+
+
+@dataclass(frozen=True)
+class RuntimePreset:
+    """Per-device memory constants of the runtime that will execute a plan."""
+
+    name: str
+    # Bytes of training state per parameter; None: the TrainingSpec's own figure.
+    state_bytes_per_param: float | None
+    # Fixed bytes per device; None: the device type's framework_overhead_bytes.
+    framework_bytes: float | None
+    # Whether the data-parallel gradient all-reduce starts during the last backward (from gradient
+    # hooks), so only its part beyond that backward is exposed; else it follows the pipeline.
+    overlaps_gradient_allreduce: bool
+    source: str
+    # Fixed seconds each stage spends per microbatch beyond its compute and transfers (scheduling
+    # its instructions, p2p handshakes), and per step (optimizer bookkeeping, loss-scale checks).
+    microbatch_overhead_s: float = 0.0
+    step_overhead_s: float = 0.0
+    # Bytes per parameter the data-parallel all-reduce moves; None: the TrainingSpec's figure.
+    allreduce_bytes_per_param: float | None = None
+
+    def grad_bytes(self, model: ModelSpec, training: TrainingSpec) -> float:
+        """Bytes per parameter the gradient all-reduce moves under this runtime."""
+        if self.allreduce_bytes_per_param is None:
+            return float(training.grad_bytes_per_param(model.dtype))
+        return self.allreduce_bytes_per_param
+
+    def state_bytes(self, model: ModelSpec, training: TrainingSpec) -> float:
+        """Training-state bytes per parameter under this runtime."""
+        if self.state_bytes_per_param is None:
+            return float(training.state_bytes_per_param(model.dtype))
+        return self.state_bytes_per_param
+
+    def framework_overhead_bytes(self, device: DeviceType) -> float:
+        """Fixed bytes this runtime occupies on ``device`` before any model state."""
+        if self.framework_bytes is None:
+            return float(device.framework_overhead_bytes)
+        return self.framework_bytes
+
+
+ORCHESTRATOR = RuntimePreset(
+    name="orchestrator",
+    state_bytes_per_param=None,
+    framework_bytes=None,
+    # The engine starts each bucket's all-reduce from gradient hooks during the last backward.
+    overlaps_gradient_allreduce=True,
+    source="TrainingSpec.state_bytes_per_param; DeviceType.framework_overhead_bytes",
+)
+
+MEGATRON_DEEPSPEED = RuntimePreset(
+    name="megatron-deepspeed",
+    state_bytes_per_param=24.0,
+    framework_bytes=4.0 * GiB,
+    # DeepSpeed's PipelineEngine reduces gradients in a ReduceGrads step after the last microbatch.
+    overlaps_gradient_allreduce=False,
+    source="Megatron-LM/DeepSpeed buffers (see module docstring); footprint and overheads fitted "
+    "on the validation runs",
+    # Least squares on the validation runs' relative step-time residuals (11 consistent runs, mbs
+    # 1 and 4, 1 to 128 microbatches): the residual grows by ~4.5 ms per microbatch and stage
+    # whatever the microbatch size (so it is not bandwidth or FLOPs: DeepSpeed's PipelineEngine runs
+    # each microbatch as interpreted instructions, each p2p with a blocking handshake), plus ~85 ms
+    # per step (fp16 loss-scale overflow check, gradient-norm all-reduce, optimizer bookkeeping).
+    microbatch_overhead_s=0.0045,
+    step_overhead_s=0.085,
+    # Megatron all-reduces its fp32 main_grad buffer (accumulate_allreduce_grads_in_fp32).
+    allreduce_bytes_per_param=4.0,
+)
+
+PRESETS: dict[str, RuntimePreset] = {p.name: p for p in (ORCHESTRATOR, MEGATRON_DEEPSPEED)}
+
+
+def runtime_preset(name: str) -> RuntimePreset:
+    """The preset called ``name`` (``orchestrator`` or ``megatron-deepspeed``)."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown runtime preset {name!r}; choose among {sorted(PRESETS)}"
+        ) from None
