@@ -30,7 +30,9 @@ from orchestrator.worker.emulation import Stretcher
 from orchestrator.worker.groups import GradientGroups, backend_for_device, init_world
 from orchestrator.worker.model_api import LayeredModel, build_model, check_layer_count
 from orchestrator.worker.optim import make_optimizer
+from orchestrator.worker.p2p import warm_up
 from orchestrator.worker.pipeline import PipelineRunner
+from orchestrator.worker.precision import LossScaling, Precision, PrecisionPolicy, parse_precision
 from orchestrator.worker.schedule import Schedule, microbatch_sizes
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,10 @@ class EngineConfig:
     # Emulation: >1 stretches measured compute time; 1.0 = real speed. Refused on real GPUs.
     slowdown_factor: float = 1.0
     device: str | None = None  # None: cuda if available, else cpu
+    # fp32, or bf16/fp16 compute over fp32 master weights (worker/precision.py).
+    precision: str = Precision.FP32.value
+    # TF32 for fp32 matmuls on GPUs that have it (Ampere and later); no effect on the CPU.
+    tf32: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,12 +75,16 @@ class StepResult:
     step_s: float  # wall time of the whole step on this rank
     samples: int  # samples of this replica's batch (count once per replica for throughput)
     emulated: bool
+    # fp16: the step overflowed somewhere, so no rank applied it (it must not count as done).
+    overflow_skipped: bool = False
+    loss_scale: float = 1.0  # the scale this step's loss was multiplied by (1.0 unless fp16)
 
 
 def preflight(config: EngineConfig) -> LayeredModel:
     """Checks that need no process group: factory importable, layer counts agree, tp == 1."""
     topology.check_supported(config.plan)
     Schedule(config.schedule)
+    parse_precision(config.precision)
     model = build_model(config.model_factory, dict(config.model_kwargs))
     check_layer_count(model, config.plan.num_layers)
     return model
@@ -103,6 +113,13 @@ class StageEngine:
                 fix="emulation is for CPU nodes only; drop the emulated-speed label",
             )
         self.stretcher = Stretcher(config.slowdown_factor)
+        self.policy = PrecisionPolicy(parse_precision(config.precision), self.device.type)
+        self.scaling = LossScaling() if self.policy.scales_loss else None
+        self._step_scale = 1.0
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.backends.cuda.matmul.allow_tf32 = config.tf32
+            torch.backends.cudnn.allow_tf32 = config.tf32
         self.layers = build_layers(self.model, self.spec.layer_indices, config.seed, self.device)
         self.optimizers = {
             i: make_optimizer(config.optimizer, layer.parameters(), config.learning_rate)
@@ -136,6 +153,7 @@ class StageEngine:
             )
         backend = backend_for_device(self.device)
         init_world(backend, master_addr, master_port, self.config.rank, world_size, timeout_s)
+        warm_up(self.device)
         self.groups = GradientGroups(self.config.plan, self.config.rank)
         self.runner = PipelineRunner(
             spec=self.spec,
@@ -143,6 +161,8 @@ class StageEngine:
             model=self.model,
             device=self.device,
             stretcher=self.stretcher,
+            policy=self.policy,
+            sync_each=self.stretcher.emulated,
         )
 
     def train_step(self, step: int) -> StepResult:
@@ -170,8 +190,12 @@ class StageEngine:
         inputs, targets = self._batch(step)
         sizes = microbatch_sizes(self.spec.replica_batch_size, self.config.plan.microbatch_size)
         weights = [m / self.config.plan.global_batch_size for m in sizes]
-        loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets)
+        scale = self.scaling.scale if self.scaling is not None else 1.0
+        self._step_scale = scale
+        loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets, scale)
         self.groups.all_reduce(self.layers)
+        if self.scaling is not None:
+            self.scaling.settle(self._grads(), self.device)
         return loss
 
     def apply_update(self) -> None:
@@ -189,6 +213,8 @@ class StageEngine:
             step_s=time.perf_counter() - start_s,
             samples=self.spec.replica_batch_size,
             emulated=self.stretcher.emulated,
+            overflow_skipped=self.scaling is not None and self.scaling.overflowed,
+            loss_scale=self._step_scale,
         )
 
     def _batch(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -202,13 +228,26 @@ class StageEngine:
             spec.replica_batch_size,
         )
         return (
-            inputs.to(self.device) if spec.is_first_stage else None,
-            targets.to(self.device) if spec.is_last_stage else None,
+            self._to_device(inputs) if spec.is_first_stage else None,
+            self._to_device(targets) if spec.is_last_stage else None,
         )
 
+    def _to_device(self, batch: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return batch
+        # Pinned host memory: the copy runs asynchronously, without a staging copy.
+        return batch.pin_memory().to(self.device, non_blocking=True)
+
     def _update(self) -> None:
+        if self.scaling is not None:
+            if self.scaling.overflowed:
+                return  # fp16 overflow somewhere: every rank skips this step
+            self.scaling.unscale_(self._grads())
         for opt in self.optimizers.values():
             opt.step()
+
+    def _grads(self) -> list[torch.Tensor | None]:
+        return [p.grad for layer in self.layers.values() for p in layer.parameters()]
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
