@@ -32,7 +32,13 @@ from orchestrator.worker.model_api import LayeredModel, build_model, check_layer
 from orchestrator.worker.optim import make_optimizer
 from orchestrator.worker.p2p import warm_up
 from orchestrator.worker.pipeline import PipelineRunner
-from orchestrator.worker.precision import LossScaling, Precision, PrecisionPolicy, parse_precision
+from orchestrator.worker.precision import (
+    DynamicLossScaler,
+    LossScaling,
+    Precision,
+    PrecisionPolicy,
+    parse_precision,
+)
 from orchestrator.worker.schedule import Schedule, microbatch_sizes
 
 log = logging.getLogger(__name__)
@@ -58,6 +64,7 @@ class EngineConfig:
     precision: str = Precision.FP32.value
     # TF32 for fp32 matmuls on GPUs that have it (Ampere and later); no effect on the CPU.
     tf32: bool = True
+    loss_scale_init: float = 2.0**16  # fp16's first loss scale (GradScaler's default)
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,11 @@ class StageEngine:
             )
         self.stretcher = Stretcher(config.slowdown_factor)
         self.policy = PrecisionPolicy(parse_precision(config.precision), self.device.type)
-        self.scaling = LossScaling() if self.policy.scales_loss else None
+        self.scaling = (
+            LossScaling(DynamicLossScaler(scale=config.loss_scale_init))
+            if self.policy.scales_loss
+            else None
+        )
         self._step_scale = 1.0
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
