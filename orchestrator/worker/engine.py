@@ -27,6 +27,7 @@ from orchestrator.spec.plan import Plan
 from orchestrator.worker import topology
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.emulation import Stretcher
+from orchestrator.worker.grad_sync import OverlappedGradSync
 from orchestrator.worker.groups import GradientGroups, backend_for_device, init_world
 from orchestrator.worker.model_api import LayeredModel, build_model, check_layer_count
 from orchestrator.worker.optim import make_optimizer
@@ -65,6 +66,10 @@ class EngineConfig:
     # TF32 for fp32 matmuls on GPUs that have it (Ampere and later); no effect on the CPU.
     tf32: bool = True
     loss_scale_init: float = 2.0**16  # fp16's first loss scale (GradScaler's default)
+    # Start each bucket's gradient all-reduce during the backward (worker/grad_sync.py); off:
+    # one blocking all-reduce per group after the backward.
+    overlap_grad_reduce: bool = True
+    grad_bucket_mb: float = 25.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,7 @@ class StageEngine:
         }
         self.dataset = make_dataset(config.data, config.seed) if self._needs_data else None
         self.groups: GradientGroups | None = None
+        self.grad_sync: OverlappedGradSync | None = None
         self.runner: PipelineRunner | None = None
         if self.stretcher.emulated:
             log.info(
@@ -166,6 +172,13 @@ class StageEngine:
         init_world(backend, master_addr, master_port, self.config.rank, world_size, timeout_s)
         warm_up(self.device)
         self.groups = GradientGroups(self.config.plan, self.config.rank)
+        self.grad_sync = (
+            OverlappedGradSync(
+                self.groups.mine, self.layers, int(self.config.grad_bucket_mb * 1024 * 1024)
+            )
+            if self.config.overlap_grad_reduce
+            else None
+        )
         self.runner = PipelineRunner(
             spec=self.spec,
             layers=[self.layers[i] for i in self.spec.layer_indices],
@@ -203,8 +216,13 @@ class StageEngine:
         weights = [m / self.config.plan.global_batch_size for m in sizes]
         scale = self.scaling.scale if self.scaling is not None else 1.0
         self._step_scale = scale
+        if self.grad_sync is not None:
+            self.grad_sync.begin(len(sizes))
         loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets, scale)
-        self.groups.all_reduce(self.layers)
+        if self.grad_sync is not None:
+            self.grad_sync.finish()
+        else:
+            self.groups.all_reduce(self.layers)
         if self.scaling is not None:
             self.scaling.settle(self._grads(), self.device)
         return loss
@@ -294,6 +312,7 @@ class StageEngine:
         if dist.is_initialized():
             dist.destroy_process_group()
         self.groups = None
+        self.grad_sync = None
         self.runner = None
 
 
