@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -58,6 +59,7 @@ def _rank_main(rank: int, port: int, out: Path) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_buckets_start_during_backward_and_sum_like_all_reduce(tmp_path: Path) -> None:
     mp.spawn(_rank_main, args=(free_port(), tmp_path), nprocs=2, join=True)
     saved = [torch.load(tmp_path / f"rank-{r}.pt") for r in range(2)]
