@@ -59,7 +59,10 @@ def worker_job(job: JobSpec, job_file: Path | str) -> WorkerJob:
         optimizer=job.training.optimizer,
         learning_rate=job.training.learning_rate,
         seed=job.training.seed,
-        extra={"recipe": optimizer_recipe(job)},
+        extra={
+            "recipe": optimizer_recipe(job),
+            "precision": job.training.runtime_precision.value,
+        },
     )
 
 

@@ -180,6 +180,10 @@ class TrainingSpec(BaseModel):
     # Mixed precision keeps fp32 master weights beside 16-bit working copies (Micikevicius et al.
     # 2018); off means everything in the model's dtype.
     mixed_precision: bool = True
+    # What the workers compute in: fp32, or bf16/fp16 over fp32 master weights (docs/runtime.md).
+    # Unset: the workers run fp32 and the planner reads mixed_precision and the model's dtype as
+    # before. Set: planner and workers both follow it, and mixed_precision must agree.
+    precision: Dtype | None = None
     # Upper bounds the search respects; None means "as many as the cluster allows".
     max_pipeline_stages: PositiveInt | None = None
     max_tensor_parallel: PositiveInt = 8
@@ -194,6 +198,27 @@ class TrainingSpec(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _precision_agrees(self) -> TrainingSpec:
+        sixteen_bit = self.precision is not None and self.precision is not Dtype.FP32
+        if sixteen_bit and "mixed_precision" in self.model_fields_set and not self.mixed_precision:
+            raise ValueError(
+                f"mixed_precision: false contradicts precision: {self.precision}; "
+                "drop mixed_precision (precision replaces it)"
+            )
+        return self
+
+    @property
+    def runtime_precision(self) -> Dtype:
+        """What the workers compute in (fp32 unless ``precision`` says otherwise)."""
+        return self.precision or Dtype.FP32
+
+    def _mixed(self, model_dtype: Dtype) -> tuple[bool, int]:
+        # (mixed precision?, bytes of a working weight/gradient) for the memory terms.
+        if self.precision is None:
+            return self.mixed_precision, model_dtype.size_bytes if self.mixed_precision else 4
+        return self.precision is not Dtype.FP32, self.precision.size_bytes
+
     def state_bytes_per_param(self, model_dtype: Dtype) -> int:
         """Bytes of weights + gradients + optimizer state per parameter on its device.
 
@@ -201,11 +226,11 @@ class TrainingSpec(BaseModel):
         the figure of the ZeRO paper (Rajbhandari et al. 2020, section 3.1). fp32 Adam: 4+4+8 = 16.
         SGD with momentum: weights + grads + momentum (+ fp32 master under mixed precision).
         """
-        w = model_dtype.size_bytes if self.mixed_precision else 4
+        mixed, w = self._mixed(model_dtype)
         if self.optimizer in (Optimizer.ADAM, Optimizer.ADAMW):
-            return 2 * w + (12 if self.mixed_precision and w == 2 else 8)
-        return 2 * w + (8 if self.mixed_precision and w == 2 else 4)
+            return 2 * w + (12 if mixed and w == 2 else 8)
+        return 2 * w + (8 if mixed and w == 2 else 4)
 
     def grad_bytes_per_param(self, model_dtype: Dtype) -> int:
         """Bytes per parameter that the data-parallel all-reduce moves."""
-        return model_dtype.size_bytes if self.mixed_precision else 4
+        return self._mixed(model_dtype)[1]

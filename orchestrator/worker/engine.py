@@ -28,6 +28,7 @@ from orchestrator.worker import topology
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.dropout import sample_streams
 from orchestrator.worker.emulation import Stretcher
+from orchestrator.worker.grad_sync import OverlappedGradSync
 from orchestrator.worker.groups import GradientGroups, backend_for_device, init_world
 from orchestrator.worker.model_api import LayeredModel, build_model, check_layer_count
 from orchestrator.worker.optim import (
@@ -37,7 +38,15 @@ from orchestrator.worker.optim import (
     set_learning_rate,
     squared_norm,
 )
+from orchestrator.worker.p2p import warm_up
 from orchestrator.worker.pipeline import PipelineRunner
+from orchestrator.worker.precision import (
+    DynamicLossScaler,
+    LossScaling,
+    Precision,
+    PrecisionPolicy,
+    parse_precision,
+)
 from orchestrator.worker.recipe import OptimizerRecipe
 from orchestrator.worker.schedule import Schedule, microbatch_sizes
 from orchestrator.worker.tied import TiedGradients, copy_initial_weights, tied_copies
@@ -64,6 +73,16 @@ class EngineConfig:
     # Weight decay, schedule, clipping; None: ``optimizer`` at a constant ``learning_rate``.
     recipe: OptimizerRecipe | None = None
 
+    # fp32, or bf16/fp16 compute over fp32 master weights (worker/precision.py).
+    precision: str = Precision.FP32.value
+    # TF32 for fp32 matmuls on GPUs that have it (Ampere and later); no effect on the CPU.
+    tf32: bool = True
+    loss_scale_init: float = 2.0**16  # fp16's first loss scale (GradScaler's default)
+    # Start each bucket's gradient all-reduce during the backward (worker/grad_sync.py); off:
+    # one blocking all-reduce per group after the backward.
+    overlap_grad_reduce: bool = True
+    grad_bucket_mb: float = 25.0
+
     @property
     def optimizer_recipe(self) -> OptimizerRecipe:
         if self.recipe is not None:
@@ -86,12 +105,16 @@ class StepResult:
     step_s: float  # wall time of the whole step on this rank
     samples: int  # samples of this replica's batch (count once per replica for throughput)
     emulated: bool
+    # fp16: the step overflowed somewhere, so no rank applied it (it must not count as done).
+    overflow_skipped: bool = False
+    loss_scale: float = 1.0  # the scale this step's loss was multiplied by (1.0 unless fp16)
 
 
 def preflight(config: EngineConfig) -> LayeredModel:
     """Checks that need no process group: factory importable, layer counts agree, tp == 1."""
     topology.check_supported(config.plan)
     Schedule(config.schedule)
+    parse_precision(config.precision)
     model = build_model(config.model_factory, dict(config.model_kwargs))
     check_layer_count(model, config.plan.num_layers)
     return model
@@ -120,6 +143,17 @@ class StageEngine:
                 fix="emulation is for CPU nodes only; drop the emulated-speed label",
             )
         self.stretcher = Stretcher(config.slowdown_factor)
+        self.policy = PrecisionPolicy(parse_precision(config.precision), self.device.type)
+        self.scaling = (
+            LossScaling(DynamicLossScaler(scale=config.loss_scale_init))
+            if self.policy.scales_loss
+            else None
+        )
+        self._step_scale = 1.0
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.backends.cuda.matmul.allow_tf32 = config.tf32
+            torch.backends.cudnn.allow_tf32 = config.tf32
         self.layers = build_layers(self.model, self.spec.layer_indices, config.seed, self.device)
         copy_initial_weights(self.model, self.layers, config.seed, self.device)
         self.recipe = config.optimizer_recipe
@@ -131,6 +165,7 @@ class StageEngine:
         self.dataset = make_dataset(config.data, config.seed) if self._needs_data else None
         self.groups: GradientGroups | None = None
         self.tied: TiedGradients | None = None
+        self.grad_sync: OverlappedGradSync | None = None
         self.runner: PipelineRunner | None = None
         if self.stretcher.emulated:
             log.info(
@@ -157,14 +192,24 @@ class StageEngine:
             )
         backend = backend_for_device(self.device)
         init_world(backend, master_addr, master_port, self.config.rank, world_size, timeout_s)
+        warm_up(self.device)
         self.groups = GradientGroups(self.config.plan, self.config.rank)
         self.tied = TiedGradients(self.model, self.config.plan, self.config.rank)
+        self.grad_sync = (
+            OverlappedGradSync(
+                self.groups.mine, self.layers, int(self.config.grad_bucket_mb * 1024 * 1024)
+            )
+            if self.config.overlap_grad_reduce
+            else None
+        )
         self.runner = PipelineRunner(
             spec=self.spec,
             layers=[self.layers[i] for i in self.spec.layer_indices],
             model=self.model,
             device=self.device,
             stretcher=self.stretcher,
+            policy=self.policy,
+            sync_each=self.stretcher.emulated,
         )
 
     def train_step(self, step: int) -> StepResult:
@@ -192,14 +237,24 @@ class StageEngine:
         inputs, targets = self._batch(step)
         sizes = microbatch_sizes(self.spec.replica_batch_size, self.config.plan.microbatch_size)
         weights = [m / self.config.plan.global_batch_size for m in sizes]
+        scale = self.scaling.scale if self.scaling is not None else 1.0
+        self._step_scale = scale
+        if self.grad_sync is not None:
+            self.grad_sync.begin(len(sizes))
         offset = self.spec.replica_sample_offset
         with sample_streams(self.config.seed, step, offset, sizes):  # seeded dropout, if any
-            loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets)
-        self.groups.all_reduce(self.layers)
+            loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets, scale)
+        if self.grad_sync is not None:
+            self.grad_sync.finish()
+        else:
+            self.groups.all_reduce(self.layers)
         if self.tied is not None:
             self.tied.all_reduce(self.layers)
+        if self.scaling is not None:
+            self.scaling.settle(self._grads(), self.device)
         if self.recipe.grad_clip_norm is not None:
-            self._clip_gradients(self.recipe.grad_clip_norm)
+            # Gradients are still multiplied by the loss scale (1 unless fp16): so is the bound.
+            self._clip_gradients(self.recipe.grad_clip_norm * scale)
         self._step = step
         return loss
 
@@ -237,6 +292,8 @@ class StageEngine:
             step_s=time.perf_counter() - start_s,
             samples=self.spec.replica_batch_size,
             emulated=self.stretcher.emulated,
+            overflow_skipped=self.scaling is not None and self.scaling.overflowed,
+            loss_scale=self._step_scale,
         )
 
     def _batch(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -250,15 +307,28 @@ class StageEngine:
             spec.replica_batch_size,
         )
         return (
-            inputs.to(self.device) if spec.is_first_stage else None,
-            targets.to(self.device) if spec.is_last_stage else None,
+            self._to_device(inputs) if spec.is_first_stage else None,
+            self._to_device(targets) if spec.is_last_stage else None,
         )
 
+    def _to_device(self, batch: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return batch
+        # Pinned host memory: the copy runs asynchronously, without a staging copy.
+        return batch.pin_memory().to(self.device, non_blocking=True)
+
     def _update(self) -> None:
+        if self.scaling is not None:
+            if self.scaling.overflowed:
+                return  # fp16 overflow somewhere: every rank skips this step
+            self.scaling.unscale_(self._grads())
         learning_rate = self.recipe.learning_rate_at(self._step)
         for opt in self.optimizers.values():
             set_learning_rate(opt, learning_rate)
             opt.step()
+
+    def _grads(self) -> list[torch.Tensor | None]:
+        return [p.grad for layer in self.layers.values() for p in layer.parameters()]
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -294,6 +364,7 @@ class StageEngine:
         if dist.is_initialized():
             dist.destroy_process_group()
         self.groups = None
+        self.grad_sync = None
         self.runner = None
 
 

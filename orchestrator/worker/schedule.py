@@ -10,9 +10,8 @@ only the microbatch count and the stage's position matter.
   ``min(S - s - 1, M)`` warm-up forwards, then alternates one forward and one backward, then
   drains the remaining backwards. Same bubble as GPipe, at most ``S - s`` microbatches in flight.
 
-Sends are asynchronous and receives block, so a stage waits only for the data it needs next; with
-either schedule every receive is matched by a send its neighbour reaches without waiting on this
-stage, hence no deadlock.
+The transfers between actions, and how they are paired so that no send waits on a receive its
+peer cannot post, are ``p2p_order.stage_program``.
 """
 
 from __future__ import annotations
