@@ -139,6 +139,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     cluster, model, training, profiles = _inputs(args)
     plan = load_plan(args.plan)
     plan.check_against(model.num_planner_layers, cluster.device_counts)
+    plan.check_layouts(model.num_heads, model.ffn_size, cluster.max_devices_per_node)
     for r, rep in enumerate(plan.replicas):
         for s, stage in enumerate(rep.stages):
             if stage.node is not None and stage.node not in cluster.node_by_name:

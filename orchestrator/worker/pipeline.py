@@ -96,7 +96,8 @@ class PipelineRunner:
 
         output = self.stretcher.run(compute, self._sync, key=("forward", size))
         if not self.spec.is_last_stage:
-            self._send(output.detach(), self.spec.next_rank)
+            for dst in self.spec.next_ranks:  # several when the next stage is tensor parallel
+                self._send(output.detach(), dst)
         return _InFlight(input=received, output=output)
 
     def _backward(self, state: _InFlight, size: int) -> None:
@@ -109,7 +110,8 @@ class PipelineRunner:
             )
         if state.input is not None:
             assert state.input.grad is not None, "stage input received no gradient"
-            self._send(state.input.grad, self.spec.prev_rank)
+            for dst in self.spec.prev_ranks:
+                self._send(state.input.grad, dst)
 
     def _recv(self, src: int | None, size: int) -> torch.Tensor:
         assert src is not None
