@@ -109,7 +109,7 @@ def run_plan(args: argparse.Namespace) -> int:
         draw_step(result.plan, result.estimate, args.picture, title=f"{model.name}: one step")
     if args.json:
         out = {
-            "plan": result.plan.model_dump(mode="json"),
+            "plan": json.loads(result.plan.to_json()),  # the written form
             "estimate": _estimate_summary(result.estimate),
             "bound": {"step_time_s": result.bound.step_time_s},
             "bound_ratio": result.bound_ratio,

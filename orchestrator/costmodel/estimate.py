@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from orchestrator.costmodel import comm, memory
+from orchestrator.costmodel import comm, memory, sharding
 from orchestrator.costmodel.tables import CostTables
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.model import ModelSpec, TrainingSpec
@@ -226,6 +226,10 @@ def estimate_with_tables(
                     memory_capacity_bytes=device.usable_memory_bytes,
                 )
             )
+    # Sharded stages: state split across the shard group, its gathers (costmodel.sharding).
+    devices = sharding.apply(
+        plan, devices, tables.model, tables.training, lambda h: _holder_bandwidth(cluster, h)
+    )
     tail = max(d.allreduce_s + d.update_s for d in devices)
     worst = max(devices, key=lambda d: d.allreduce_s + d.update_s)
     step_s = pipeline_s + tail
