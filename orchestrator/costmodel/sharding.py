@@ -23,6 +23,9 @@ is charged. That is the regime of "Memory and Bandwidth are All You Need for Ful
 Parallel": sharding pays where the memory it frees is needed (a model that does not fit, or a
 bigger microbatch) and the link moves a step's gathers within a step's compute.
 
+The optimizer step of a sharded holder updates its slice only: ``1/k`` of the layer's update
+time.
+
 Pure: no torch or ray.
 """
 
@@ -118,6 +121,7 @@ def apply(
     saved_bytes = [0.0] * len(out)
     extra_s = [0.0] * len(out)
     hideable_s = [0.0] * len(out)
+    update_kept = [1.0] * len(out)  # fraction of the stage's update time still spent
     for layer in range(plan.num_layers):
         holders = [
             (r, s, st)
@@ -140,6 +144,7 @@ def apply(
             )
             extra_s[i] += fixed
             hideable_s[i] += hideable
+            update_kept[i] -= (1 - 1 / k) / (st.layers[1] - st.layers[0])
     for i, d in enumerate(out):
         if saved_bytes[i] == 0.0 and extra_s[i] == 0.0 and hideable_s[i] == 0.0:
             continue
@@ -152,6 +157,8 @@ def apply(
         out[i] = replace(
             d,
             memory_bytes=memory,
+            # update time spread evenly over the stage's layers (the tables keep it per stage)
+            update_s=d.update_s * max(update_kept[i], 0.0),
             allreduce_s=max(0.0, d.allreduce_s + extra_s[i]) + exposed,
         )
     return out

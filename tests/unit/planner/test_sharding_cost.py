@@ -102,3 +102,13 @@ def test_layout_checks_name_the_field() -> None:
     )
     with pytest.raises(SpecError, match="different levels"):
         mixed.check_layouts(2, 32, {"fast": 1})
+
+
+def test_sharded_holders_update_their_slice_only() -> None:
+    c = cluster(("fast", 3, 1)).resolve()
+    costs = [
+        estimate_plan(_plan(level), c, model(2), training(3), profiles({"fast": 1.0}, 4, 0.5))
+        for level in ("none", "gradients")
+    ]
+    assert costs[0].update_s == pytest.approx(2.0)  # 4 layers x 0.5 s
+    assert costs[1].update_s == pytest.approx(2.0 / 3)
