@@ -57,12 +57,6 @@ CASES = {
 }
 
 
-def _check(plan: Plan, run: Any, num_steps: int) -> None:
-    ref_params, ref_losses = reference_params(plan, num_steps, "adam")
-    errors = layer_relative_errors(run.layer_states, ref_params)
-    assert max(errors.values()) <= RTOL, errors
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_sharded_plan_matches_single_process(name: str) -> None:
     plan = CASES[name]
@@ -75,7 +69,7 @@ def test_sharded_plan_matches_single_process(name: str) -> None:
         assert len(shares) == len(plan.replicas)
         assert sum(shares) == pytest.approx(ref_loss, rel=1e-5)
     # the merged optimizer state is whole: every parameter has Adam moments of its own shape
-    for layer, state in run.layer_states.items():
+    for state in run.layer_states.values():
         moments = state["optimizer"]["state"]
         assert len(moments) == len(state["params"])
         for j, name in enumerate(state["params"]):
