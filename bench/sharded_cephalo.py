@@ -11,10 +11,9 @@ Run: .venv/bin/python bench/sharded_cephalo.py
 
 from __future__ import annotations
 
-from unittest import mock
-
 from orchestrator.costmodel import estimate_plan
 from orchestrator.planner import make_plan
+from orchestrator.planner.selection import SearchConfig
 from orchestrator.profiles.builtin import builtin_model, builtin_profiles
 from orchestrator.spec import ClusterSpec, Dtype, Plan, TrainingSpec
 
@@ -34,17 +33,16 @@ def main() -> None:
     training = TrainingSpec(global_batch_size=64, microbatch_sizes=[1, 2, 4, 8])
     profiles = builtin_profiles("GPT-2.7B-s512")
 
-    with mock.patch("orchestrator.planner.search.sharded_data_parallel", return_value=None):
-        before = make_plan(cluster, model, training, profiles)
-    after = make_plan(cluster, model, training, profiles)
-    print(f"{'plan':<44} {'step s':>8} {'GPUs':>5} {'fits':>5}  memory GiB / capacity")
+    before = make_plan(cluster, model, training, profiles)
+    after = make_plan(cluster, model, training, profiles, SearchConfig(sharded=True))
+    print(f"{'plan':<50} {'step s':>8} {'GPUs':>5} {'fits':>5}  memory GiB / capacity")
     for name, result in (("ours, pipelines only (before)", before), ("ours (after)", after)):
         est = result.estimate
         mem = " ".join(
             f"{d.device_type}:{d.memory_bytes / GiB:.1f}/{d.memory_capacity_bytes / GiB:.1f}"
             for d in est.devices
         )
-        print(f"{name:<44} {est.step_time_s:>8.2f} {result.plan.num_devices:>5} {'yes':>5}  {mem}")
+        print(f"{name:<50} {est.step_time_s:>8.2f} {result.plan.num_devices:>5} {'yes':>5}  {mem}")
         for r in result.plan.replicas:
             stages = ", ".join(
                 f"{s.device_type}[{s.layers[0]},{s.layers[1]}) {s.sharding.value}" for s in r.stages
@@ -72,7 +70,7 @@ def main() -> None:
             mem = " ".join(f"{d.memory_bytes / GiB:.1f}" for d in est.devices)
             label = f"Cephalo split, sharding {level}, microbatch {mbs}"
             fits = "yes" if est.fits else "no"
-            print(f"{label:<44} {est.step_time_s:>8.2f} {4:>5} {fits:>5}  {mem}")
+            print(f"{label:<50} {est.step_time_s:>8.2f} {4:>5} {fits:>5}  {mem}")
             if est.fits and (best is None or est.step_time_s < best):
                 best = est.step_time_s
     if best is not None:

@@ -208,8 +208,12 @@ def make_plan(
     if uniform.plan is not None and uniform.estimate is not None:
         candidates.append((uniform.plan, uniform.estimate))
 
-    sharded = sharded_data_parallel(
-        cluster, tables, training.global_batch_size, _microbatch_sizes(training)
+    sharded = (
+        sharded_data_parallel(
+            cluster, tables, training.global_batch_size, _microbatch_sizes(training)
+        )
+        if config.sharded
+        else None
     )
     if sharded is not None:
         candidates.append(sharded)
