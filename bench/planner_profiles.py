@@ -1,12 +1,16 @@
 """Chosen plans against the fluid bound and the two baselines, on clusters built from the
 measured profiles shipped with the package (converted from Sailor and Cephalo).
 
-Run: .venv/bin/python bench/planner_profiles.py
+Run: .venv/bin/python bench/planner_profiles.py [--sharded]
+(``--sharded``: with the sharded data-parallel candidate, ``SearchConfig(sharded=True)``)
 """
 
 from __future__ import annotations
 
+import sys
+
 from orchestrator.planner import make_plan
+from orchestrator.planner.selection import SearchConfig
 from orchestrator.profiles.builtin import builtin_model, builtin_profiles
 from orchestrator.spec import ClusterSpec, TrainingSpec
 
@@ -36,7 +40,8 @@ def main() -> None:
             ]
         ).resolve()
         training = TrainingSpec(global_batch_size=batch, microbatch_sizes=[1, 2, 4, 8])
-        result = make_plan(cluster, model, training, builtin_profiles(model_name))
+        config = SearchConfig(sharded="--sharded" in sys.argv)
+        result = make_plan(cluster, model, training, builtin_profiles(model_name), config)
         cols = []
         for name in ("uniform_data_parallel", "fastest_type_only"):
             est = result.baselines[name].estimate

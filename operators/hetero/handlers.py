@@ -56,7 +56,7 @@ from operators.hetero.render import (
 )
 from operators.hetero.spec import JobSpec, parse_job_spec
 from orchestrator.errors import SpecError, TransientError
-from orchestrator.telemetry.auth import TOKEN_FILE_ENV, read_token_file
+from orchestrator.spec.node_events_token import TOKEN_FILE_ENV, read_token_file
 
 STATUS_INTERVAL_S = 15.0
 RETRY_DELAY_S = 5.0

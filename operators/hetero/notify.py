@@ -12,7 +12,7 @@ import urllib.request
 
 from operators.hetero.nodes import NodeEvent
 from orchestrator.errors import TransientError
-from orchestrator.telemetry.auth import bearer_header
+from orchestrator.spec.node_events_token import bearer_header
 
 NODE_EVENTS_PATH = "/v1/node-events"
 TIMEOUT_S = 2.0

@@ -114,7 +114,7 @@ def run_plan(args: argparse.Namespace) -> int:
         draw_step(result.plan, result.estimate, args.picture, title=f"{model.name}: one step")
     if args.json:
         out = {
-            "plan": result.plan.model_dump(mode="json"),
+            "plan": json.loads(result.plan.to_json()),  # the written form
             "estimate": _estimate_summary(result.estimate),
             "bound": {"step_time_s": result.bound.step_time_s},
             "bound_ratio": result.bound_ratio,
@@ -144,6 +144,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     cluster, model, training, profiles = _inputs(args)
     plan = load_plan(args.plan)
     plan.check_against(model.num_planner_layers, cluster.device_counts)
+    plan.check_layouts(model.num_heads, model.ffn_size, cluster.max_devices_per_node)
     for r, rep in enumerate(plan.replicas):
         for s, stage in enumerate(rep.stages):
             if stage.node is not None and stage.node not in cluster.node_by_name:

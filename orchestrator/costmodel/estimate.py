@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from orchestrator.costmodel import comm, memory, network
+from orchestrator.costmodel import comm, memory, network, sharding
 from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.costmodel.tables import CostTables, LayerTable
 from orchestrator.spec.cluster import Cluster
@@ -300,6 +300,18 @@ def estimate_with_tables(
                     framework_bytes=framework,
                 )
             )
+    # Sharded stages: state split across the shard group, its gathers (costmodel.sharding).
+    # Their collectives move whole layers: the largest layer's gradients stand for the message.
+    shard_message_bytes = max(
+        tables.model.layer_params(i) for i in range(plan.num_layers)
+    ) * tables.runtime.grad_bytes(tables.model, tables.training)
+    devices = sharding.apply(
+        plan,
+        devices,
+        tables.model,
+        tables.training,
+        lambda h: _holder_bandwidth(cluster, h, shard_message_bytes),
+    )
     tail = max(d.allreduce_s + d.update_s for d in devices)
     worst = max(devices, key=lambda d: d.allreduce_s + d.update_s)
     step_s = pipeline_s + tail + tables.runtime.step_overhead_s

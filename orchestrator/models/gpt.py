@@ -4,6 +4,12 @@ Learned token and position embeddings, pre-LayerNorm blocks with causal self-att
 MLP, a final LayerNorm and an untied output projection without bias: exactly the parameters
 ``orchestrator.spec.model.ModelSpec.layer_params`` counts. No dropout, so that every plan
 reproduces single-process training.
+
+Tensor parallel (Megatron-LM's split, Shoeybi et al. 2019): the query, key and value projections
+and the MLP's first matrix are split by output columns (each rank computes whole heads), the
+attention output projection and the MLP's second matrix by input rows, so each block needs one
+all-reduce forward and one backward per sub-layer; embedding, norms and head stay replicated.
+Query, key and value are separate matrices so that a column split hands each rank whole heads.
 """
 
 from __future__ import annotations
@@ -38,21 +44,26 @@ class Block(nn.Module):
 
     def __init__(self, hidden_size: int, num_heads: int, ffn_size: int) -> None:
         super().__init__()
-        self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
         self.ln1 = nn.LayerNorm(hidden_size)
-        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.q = nn.Linear(hidden_size, hidden_size)
+        self.k = nn.Linear(hidden_size, hidden_size)
+        self.v = nn.Linear(hidden_size, hidden_size)
         self.proj = nn.Linear(hidden_size, hidden_size)
         self.ln2 = nn.LayerNorm(hidden_size)
         self.fc1 = nn.Linear(hidden_size, ffn_size)
         self.fc2 = nn.Linear(ffn_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, hidden = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(hidden, dim=2)
-        shape = (batch, seq, self.num_heads, hidden // self.num_heads)
-        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        batch, seq, _ = x.shape
+        normed = self.ln1(x)
+        q, k, v = self.q(normed), self.k(normed), self.v(normed)
+        # Under tensor parallel q, k, v hold this rank's heads only: count them from the width.
+        width = q.shape[-1]
+        shape = (batch, seq, width // self.head_dim, self.head_dim)
+        q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attn.transpose(1, 2).reshape(batch, seq, hidden))
+        x = x + self.proj(attn.transpose(1, 2).reshape(batch, seq, width))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
@@ -109,6 +120,30 @@ class GPT:
             layer = Block(s.hidden_size, s.num_heads, s.ffn_size)
         _init_weights(layer)
         return layer
+
+    def tensor_parallel_plan(self, index: int) -> dict[str, str]:
+        """Submodule -> ``colwise`` / ``rowwise`` for planner layer ``index`` (empty: whole)."""
+        if self.spec.layer_kind(index).value != "block":
+            return {}
+        return {
+            "q": "colwise",
+            "k": "colwise",
+            "v": "colwise",
+            "proj": "rowwise",
+            "fc1": "colwise",
+            "fc2": "rowwise",
+        }
+
+    def check_tensor_parallel(self, tp: int) -> None:
+        """Raise :class:`SpecError` unless ``tp`` divides the heads and the MLP width."""
+        s = self.spec
+        if s.num_heads % tp or s.ffn_size % tp:
+            raise SpecError(
+                f"tp={tp} does not divide num_heads ({s.num_heads}) and the MLP width "
+                f"({s.ffn_size})",
+                field="plan.replicas[].stages[].tp",
+                fix="use a tp degree that divides both",
+            )
 
     def boundary_shape(self, batch_size: int) -> tuple[int, ...]:
         return (batch_size, self.spec.sequence_length, self.spec.hidden_size)

@@ -25,6 +25,7 @@ from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.errors import InfeasibleError
 from orchestrator.planner.placement import place
 from orchestrator.planner.selection import SearchConfig, Selection, SelectionSearch
+from orchestrator.planner.sharded import sharded_data_parallel
 from orchestrator.planner.templates import TypeInfo, type_infos
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.model import ModelSpec, TrainingSpec
@@ -227,6 +228,16 @@ def make_plan(
     )
     if uniform.plan is not None and uniform.estimate is not None:
         candidates.append((uniform.plan, uniform.estimate))
+
+    sharded = (
+        sharded_data_parallel(
+            cluster, tables, training.global_batch_size, _microbatch_sizes(training)
+        )
+        if config.sharded
+        else None
+    )
+    if sharded is not None:
+        candidates.append(sharded)
 
     plan, estimate = min(
         (c for c in candidates if c[1].fits), key=lambda c: (c[1].step_time_s, c[0].to_json())

@@ -17,7 +17,8 @@ def validate_plan_for_cluster(
 ) -> None:
     """Raise a one-line :class:`~orchestrator.errors.SpecError` if the plan cannot run here.
 
-    Checks: tensor-parallel degree, device types known to the catalog, the layer count (when
+    Checks: tensor-parallel degree and sharding (the Ray runtime runs tp 1, unsharded), device
+    types known to the catalog, the layer count (when
     given), enough devices of every type, and pinned nodes that exist.
     """
     check_supported(plan)

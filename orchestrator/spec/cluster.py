@@ -140,6 +140,14 @@ class Cluster:
         return {n.name: n for n in self.nodes}
 
     @cached_property
+    def max_devices_per_node(self) -> dict[str, int]:
+        """Device type -> the most devices of that type on one node (tensor parallel's bound)."""
+        out: dict[str, int] = {}
+        for n in self.nodes:
+            out[n.device_type.name] = max(out.get(n.device_type.name, 0), n.num_devices)
+        return out
+
+    @cached_property
     def device_types(self) -> dict[str, DeviceType]:
         """Device types present, by name, in order of first appearance."""
         out: dict[str, DeviceType] = {}

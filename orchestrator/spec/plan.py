@@ -5,17 +5,45 @@ of *stages*; stage ``i`` runs planner layers ``[start, end)`` on ``tp`` devices 
 (tensor parallel within one node). Replicas may use different device types and different stage
 boundaries; their ``batch_size`` values add up to ``global_batch_size``. Written by
 ``orchestrator plan``, read by ``orchestrator estimate`` and ``orchestrator run``.
+
+``sharding`` says how much of a stage's training state is split across the other stages that hold
+the same layers (sharded data parallel, the ZeRO stages of Rajbhandari et al. 2020): ``none``
+keeps it whole, ``optimizer`` shards the optimizer state (ZeRO-1), ``gradients`` also the
+gradients (ZeRO-2), ``full`` also the parameters at rest (ZeRO-3). A layer's shard group is the set
+of its holders whose stages shard it; they must agree on the level.
 """
 
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from orchestrator.errors import SpecError
 
 PLAN_FORMAT = "orchestrator-plan/v1"
+
+
+class Sharding(StrEnum):
+    """How much training state a stage shards across the other holders of its layers."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"  # ZeRO-1
+    GRADIENTS = "gradients"  # ZeRO-2: optimizer state and gradients
+    FULL = "full"  # ZeRO-3: optimizer state, gradients and parameters
+
+    @property
+    def shards_optimizer(self) -> bool:
+        return self is not Sharding.NONE
+
+    @property
+    def shards_gradients(self) -> bool:
+        return self in (Sharding.GRADIENTS, Sharding.FULL)
+
+    @property
+    def shards_parameters(self) -> bool:
+        return self is Sharding.FULL
 
 
 class StageSpec(BaseModel):
@@ -27,6 +55,7 @@ class StageSpec(BaseModel):
     device_type: str = Field(min_length=1)
     tp: PositiveInt = 1
     node: str | None = None
+    sharding: Sharding = Sharding.NONE
 
     @model_validator(mode="after")
     def _non_empty(self) -> StageSpec:
@@ -125,8 +154,58 @@ class Plan(BaseModel):
         )
 
     def to_json(self) -> str:
-        """Canonical JSON: sorted keys, fixed separators, so equal plans are equal bytes."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=2) + "\n"
+        """Canonical JSON: sorted keys, fixed separators, so equal plans are equal bytes.
+
+        ``sharding: none`` (the default) is left out, so unsharded plans keep their bytes.
+        """
+        data = self.model_dump(mode="json")
+        for replica in data["replicas"]:
+            for stage in replica["stages"]:
+                if stage.get("sharding") == Sharding.NONE.value:
+                    del stage["sharding"]
+        return json.dumps(data, sort_keys=True, indent=2) + "\n"
+
+    def check_layouts(
+        self, num_heads: int, ffn_size: int, max_devices_per_node: dict[str, int]
+    ) -> None:
+        """Raise :class:`SpecError` for a tp degree the model or a node cannot take, or a layer
+        whose shard group disagrees on the sharding level.
+
+        ``max_devices_per_node``: device type -> most devices of that type on one node (a
+        tensor-parallel stage runs within one node).
+        """
+        for r, replica in enumerate(self.replicas):
+            for s, stage in enumerate(replica.stages):
+                where = f"plan.replicas[{r}].stages[{s}].tp"
+                if num_heads % stage.tp or ffn_size % stage.tp:
+                    raise SpecError(
+                        f"tp={stage.tp} does not divide num_heads ({num_heads}) and the MLP "
+                        f"width ({ffn_size})",
+                        field=where,
+                        fix="use a tp degree that divides both",
+                    )
+                per_node = max_devices_per_node.get(stage.device_type, 0)
+                if stage.tp > per_node:
+                    raise SpecError(
+                        f"tp={stage.tp} needs {stage.tp} {stage.device_type} devices on one node; "
+                        f"the largest such node has {per_node}",
+                        field=where,
+                        fix=f"use tp <= {per_node} or add bigger {stage.device_type} nodes",
+                    )
+        for layer in range(self.num_layers):
+            levels = {
+                st.sharding
+                for rep in self.replicas
+                for st in rep.stages
+                if st.layers[0] <= layer < st.layers[1] and st.sharding is not Sharding.NONE
+            }
+            if len(levels) > 1:
+                raise SpecError(
+                    f"planner layer {layer} is sharded at different levels "
+                    f"{sorted(v.value for v in levels)} by the stages that hold it",
+                    field="plan.replicas[].stages[].sharding",
+                    fix="give every sharded stage holding a layer the same sharding level",
+                )
 
     def check_against(self, num_planner_layers: int, device_counts: dict[str, int]) -> None:
         """Raise :class:`SpecError` if the plan does not fit the model or the cluster."""

@@ -14,9 +14,20 @@ from __future__ import annotations
 import hmac
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
-TOKEN_FILE_ENV = "ORCHESTRATOR_NODE_EVENTS_TOKEN_FILE"
+from orchestrator.spec.node_events_token import (
+    TOKEN_FILE_ENV,
+    bearer_header,
+    read_token_file,
+)
+
+__all__ = [
+    "TOKEN_FILE_ENV",
+    "TokenCheck",
+    "bearer_header",
+    "read_token_file",
+    "token_check_from_env",
+]
 
 
 @dataclass(frozen=True)
@@ -43,14 +54,6 @@ class TokenCheck:
         )
 
 
-def read_token_file(path: str | os.PathLike[str]) -> str:
-    """The token in ``path`` (surrounding whitespace removed); OSError/ValueError if unusable."""
-    token = Path(path).read_text(encoding="utf-8").strip()
-    if not token:
-        raise ValueError(f"{path} is empty")
-    return token
-
-
 def token_check_from_env(environ: dict[str, str] | None = None) -> TokenCheck:
     """The check ``ORCHESTRATOR_NODE_EVENTS_TOKEN_FILE`` asks for (none when unset)."""
     env = os.environ if environ is None else environ
@@ -61,8 +64,3 @@ def token_check_from_env(environ: dict[str, str] | None = None) -> TokenCheck:
         return TokenCheck(required=True, token=read_token_file(path))
     except (OSError, ValueError) as exc:
         return TokenCheck(required=True, problem=f"{TOKEN_FILE_ENV}={path}: {exc}")
-
-
-def bearer_header(token: str | None) -> dict[str, str]:
-    """The header that carries ``token`` (nothing without one)."""
-    return {"Authorization": f"Bearer {token}"} if token else {}

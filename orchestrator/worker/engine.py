@@ -24,7 +24,7 @@ from torch import nn
 
 from orchestrator.errors import SpecError
 from orchestrator.spec.plan import Plan
-from orchestrator.worker import topology
+from orchestrator.worker import sharding, tensor_parallel, topology
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.dropout import sample_streams
 from orchestrator.worker.emulation import Stretcher
@@ -111,12 +111,15 @@ class StepResult:
 
 
 def preflight(config: EngineConfig) -> LayeredModel:
-    """Checks that need no process group: factory importable, layer counts agree, tp == 1."""
-    topology.check_supported(config.plan)
+    """Checks that need no process group: factory importable, layer counts agree, the model can
+    take the plan's tp degrees, sharding levels the engine executes."""
+    topology.check_executable(config.plan)
     Schedule(config.schedule)
     parse_precision(config.precision)
     model = build_model(config.model_factory, dict(config.model_kwargs))
     check_layer_count(model, config.plan.num_layers)
+    tensor_parallel.check_model(model, config.plan)
+    sharding.check_recipe(config.plan, config.optimizer_recipe, config.precision)
     return model
 
 
@@ -157,15 +160,13 @@ class StageEngine:
         self.layers = build_layers(self.model, self.spec.layer_indices, config.seed, self.device)
         copy_initial_weights(self.model, self.layers, config.seed, self.device)
         self.recipe = config.optimizer_recipe
-        self.optimizers = {
-            i: make_recipe_optimizer(self.recipe, layer.named_parameters())
-            for i, layer in self.layers.items()
-        }
+        self.optimizers = self._make_optimizers()
         self._step = 0
         self.dataset = make_dataset(config.data, config.seed) if self._needs_data else None
         self.groups: GradientGroups | None = None
         self.tied: TiedGradients | None = None
         self.grad_sync: OverlappedGradSync | None = None
+        self.sharding: sharding.ShardedState | None = None
         self.runner: PipelineRunner | None = None
         if self.stretcher.emulated:
             log.info(
@@ -174,6 +175,12 @@ class StageEngine:
                 self.spec.device_type,
                 config.slowdown_factor,
             )
+
+    def _make_optimizers(self) -> dict[int, torch.optim.Optimizer]:
+        return {
+            i: make_recipe_optimizer(self.recipe, layer.named_parameters())
+            for i, layer in self.layers.items()
+        }
 
     @property
     def _needs_data(self) -> bool:
@@ -193,13 +200,30 @@ class StageEngine:
         backend = backend_for_device(self.device)
         init_world(backend, master_addr, master_port, self.config.rank, world_size, timeout_s)
         warm_up(self.device)
+        # Group creation is collective over the world: tp groups first, then gradient groups.
+        mesh = tensor_parallel.make_mesh(self.config.plan, self.spec, self.device)
+        if mesh is not None:
+            tensor_parallel.parallelize(self.layers, self.model, mesh)
+            self.optimizers = self._make_optimizers()  # over the split parameters
         self.groups = GradientGroups(self.config.plan, self.config.rank)
         self.tied = TiedGradients(self.model, self.config.plan, self.config.rank)
+        self.sharding = sharding.ShardedState(
+            self.config.plan,
+            self.config.rank,
+            self.layers,
+            self.optimizers,  # takes over (removes) the optimizers of its sharded layers
+            self.recipe.name,
+            self.recipe.learning_rate,
+            self.groups.handles,
+        )
+        # Sharded groups reduce their own gradients after the backward (worker/sharding.py),
+        # so the overlapped all-reduce is used only where no layer is sharded.
+        overlap = self.config.overlap_grad_reduce and not self.sharding.self_reduced
         self.grad_sync = (
             OverlappedGradSync(
                 self.groups.mine, self.layers, int(self.config.grad_bucket_mb * 1024 * 1024)
             )
-            if self.config.overlap_grad_reduce
+            if overlap
             else None
         )
         self.runner = PipelineRunner(
@@ -246,10 +270,14 @@ class StageEngine:
             loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets, scale)
         if self.grad_sync is not None:
             self.grad_sync.finish()
+        elif self.sharding is not None:
+            self.groups.all_reduce(self.layers, skip=self.sharding.self_reduced)
         else:
             self.groups.all_reduce(self.layers)
         if self.tied is not None:
             self.tied.all_reduce(self.layers)
+        if self.sharding is not None:
+            self.sharding.after_backward(self.layers)
         if self.scaling is not None:
             self.scaling.settle(self._grads(), self.device)
         if self.recipe.grad_clip_norm is not None:
@@ -287,7 +315,8 @@ class StageEngine:
             rank=self.spec.rank,
             replica=self.spec.replica,
             stage=self.spec.stage,
-            loss=loss,
+            # A tp group's ranks compute the same loss; one of them reports it.
+            loss=loss if self.spec.tp_rank == 0 else None,
             compute_s=self.stretcher.compute_s,
             step_s=time.perf_counter() - start_s,
             samples=self.spec.replica_batch_size,
@@ -326,6 +355,8 @@ class StageEngine:
         for opt in self.optimizers.values():
             set_learning_rate(opt, learning_rate)
             opt.step()
+        if self.sharding is not None:
+            self.sharding.step(self.layers, learning_rate)
 
     def _grads(self) -> list[torch.Tensor | None]:
         return [p.grad for layer in self.layers.values() for p in layer.parameters()]
@@ -335,14 +366,29 @@ class StageEngine:
             torch.cuda.synchronize(self.device)
 
     def get_layer_states(self) -> dict[int, dict[str, Any]]:
-        """Planner layer -> {"params": state_dict, "optimizer": state_dict}, on the CPU."""
-        return {
+        """Planner layer -> {"params": state_dict, "optimizer": state_dict}, on the CPU.
+
+        In a tp group each rank returns its local part (``tensor_parallel.local_layer_state``);
+        ``tensor_parallel.merge_layer_states`` joins a stage's parts into the whole state.
+        """
+        if self.spec.tp > 1:
+            return {
+                i: tensor_parallel.local_layer_state(layer, self.optimizers[i], self.spec)
+                for i, layer in self.layers.items()
+            }
+        states = {
             i: {
                 "params": _to_cpu(layer.state_dict()),
                 "optimizer": _to_cpu(self.optimizers[i].state_dict()),
             }
             for i, layer in self.layers.items()
+            if i in self.optimizers
         }
+        if self.sharding is not None:
+            # Sharded layers: whole params, this rank's slice of the optimizer state
+            # (``sharding.merge_sharded_states`` joins the holders' slices).
+            states.update(self.sharding.layer_states(self.layers))
+        return states
 
     def set_layer_states(self, states: dict[int, dict[str, Any]]) -> None:
         """Load this rank's layers from ``states`` (extra layers are ignored)."""
@@ -353,11 +399,20 @@ class StageEngine:
                 field="checkpoint.layers",
                 fix="resume from a checkpoint of the same model",
             )
+        if self.spec.tp > 1:
+            for i, layer in self.layers.items():
+                tensor_parallel.load_local(layer, self.optimizers[i], states[i], self.spec)
+            return
         for i, layer in self.layers.items():
+            if tensor_parallel.SHARD_KEY in states[i]:
+                states[i] = tensor_parallel.merge_layer_states([states[i]])
             layer.load_state_dict(states[i]["params"])
-            # Copy: load_state_dict keeps the given state tensors when dtype and device already
-            # match, and callers may hand several ranks the same (e.g. shared-memory) tensors.
-            self.optimizers[i].load_state_dict(_to_cpu(states[i]["optimizer"]))
+            if i in self.optimizers:
+                # Copy: load_state_dict keeps the given state tensors when dtype and device
+                # already match, and callers may hand several ranks the same tensors.
+                self.optimizers[i].load_state_dict(_to_cpu(states[i]["optimizer"]))
+        if self.sharding is not None:
+            self.sharding.load(self.layers, states)
 
     def shutdown(self) -> None:
         """Leave the process groups (safe to call twice)."""
@@ -365,6 +420,7 @@ class StageEngine:
             dist.destroy_process_group()
         self.groups = None
         self.grad_sync = None
+        self.sharding = None
         self.runner = None
 
 

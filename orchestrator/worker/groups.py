@@ -9,6 +9,7 @@ present, gloo otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import timedelta
 
 import torch
@@ -16,7 +17,8 @@ import torch.distributed as dist
 from torch import nn
 
 from orchestrator.spec.plan import Plan
-from orchestrator.worker.topology import GradGroup, grad_groups
+from orchestrator.worker.tensor_parallel import grad_contribution, set_grad_from_whole
+from orchestrator.worker.topology import GradGroup, RankSpec, grad_groups, ranks_for_plan
 
 
 def backend_for_device(device: torch.device) -> str:
@@ -42,6 +44,7 @@ class GradientGroups:
 
     def __init__(self, plan: Plan, rank: int) -> None:
         self.rank = rank
+        self.spec: RankSpec = ranks_for_plan(plan)[rank]
         self.mine: list[tuple[GradGroup, dist.ProcessGroup]] = []
         # new_group is collective over the world: every rank creates every group, same order.
         for group in grad_groups(plan):
@@ -49,20 +52,33 @@ class GradientGroups:
             if rank in group.ranks:
                 self.mine.append((group, handle))
 
-    def all_reduce(self, layers: dict[int, nn.Module]) -> None:
-        """Sum each shared layer's gradients among its holders, one flat buffer per group."""
+    @property
+    def handles(self) -> dict[tuple[int, ...], dist.ProcessGroup]:
+        """Holder set -> its process group, for the groups this rank belongs to."""
+        return {group.ranks: handle for group, handle in self.mine}
+
+    def all_reduce(
+        self, layers: dict[int, nn.Module], skip: Collection[tuple[int, ...]] = ()
+    ) -> None:
+        """Sum each shared layer's gradients among its holders, one flat buffer per group.
+
+        Buffers are in the whole (tp-1) shape, so holders at different tp degrees line up; a
+        parameter a stage never used still takes part (zeros), so every holder sends
+        equal-sized buffers. Groups in ``skip`` (holder sets) are reduced elsewhere (sharding).
+        """
         for group, handle in self.mine:
-            grads = [_grad_of(p) for i in group.layers for p in layers[i].parameters()]
+            if group.ranks in skip:
+                continue
+            grads = [
+                grad_contribution(p, self.spec)
+                for i in group.layers
+                for p in layers[i].parameters()
+            ]
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=handle)
             offset = 0
             for i in group.layers:
                 for p in layers[i].parameters():
-                    n = p.numel()
-                    p.grad = flat[offset : offset + n].view_as(p).clone()
+                    n = p.numel()  # the whole tensor's count, for DTensors too
+                    set_grad_from_whole(p, flat[offset : offset + n], self.spec)
                     offset += n
-
-
-def _grad_of(param: nn.Parameter) -> torch.Tensor:
-    # A parameter a stage never used still takes part, so every holder sends equal-sized buffers.
-    return param.grad if param.grad is not None else torch.zeros_like(param)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from orchestrator.worker import topology
+from orchestrator.worker import sharding, topology
 from orchestrator.worker.engine import EngineConfig, StageEngine, StepResult
 
 
@@ -54,7 +54,7 @@ def run_local(
         replace(base, rank=s.rank, slowdown_factor=factors.get(s.device_type, 1.0)) for s in specs
     ]
     port = free_port()
-    writers = topology.checkpoint_writers(base.plan)
+    sources = topology.shard_sources(base.plan)
     with tempfile.TemporaryDirectory(prefix="orchestrator-local-") as tmp:
         out = Path(tmp)
         mp.spawn(
@@ -64,13 +64,16 @@ def run_local(
             join=True,
         )
         results: dict[int, list[StepResult]] = {}
-        states: dict[int, dict[str, Any]] = {}
+        parts: dict[int, list[dict[str, Any]]] = {}
         for s in specs:
             saved = torch.load(out / f"rank-{s.rank}.pt", weights_only=False)
             results[s.rank] = saved["results"]
             for layer, state in saved["states"].items():
-                if writers[layer] == s.rank:
-                    states[layer] = state
+                if s.rank in sources[layer]:
+                    parts.setdefault(layer, []).append(state)
+    # Whole (tp-1, unsharded) states: a tensor-parallel stage's parts and the sharded holders'
+    # slices are joined here, at the edge.
+    states = sharding.merge_sharded_states(parts)
     return LocalRun(results=results, layer_states=states)
 
 

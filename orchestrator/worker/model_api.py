@@ -19,6 +19,14 @@ Contract, so that any plan computes the same update as single-process training:
   through ``orchestrator.worker.dropout.seeded_forward`` (seeded per step, layer and sample).
 - optionally ``tied_parameters``: groups of ``(planner layer, parameter name)`` that are one
   weight (a tied LM head); the engine keeps the copies equal (``orchestrator.worker.tied``).
+
+Tensor parallel (optional): a model that can run a stage on several devices also defines
+``tensor_parallel_plan(index) -> {submodule name: "colwise" | "rowwise"}`` for planner layer
+``index`` (what ``torch.distributed.tensor.parallel`` should split; unnamed modules stay
+replicated, and the layer must give the same result whether split or not), and may define
+``check_tensor_parallel(tp)`` raising :class:`SpecError` for a degree it cannot take. Its forward
+must accept the split (e.g. count attention heads from the local projection width). Models
+without ``tensor_parallel_plan`` run at tp 1 only.
 """
 
 from __future__ import annotations

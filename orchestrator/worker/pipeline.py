@@ -7,8 +7,10 @@ explicit runner is short and states those facts directly.
 
 The order of compute and transfers is ``p2p_order.stage_program`` (data, replayed by the tests
 against a transport where a send blocks until its receive is posted); each exchange runs as one
-``batch_isend_irecv`` (``p2p.py``). Activations go forward to ``next_rank``, gradients back to
-``prev_rank``, on the world group, in the compute dtype of the precision policy.
+``batch_isend_irecv`` (``p2p.py``). Activations come from ``prev_rank`` and go forward to
+``next_ranks``; gradients come from ``next_rank`` and go back to ``prev_ranks`` (several ranks when
+a neighbour stage is tensor parallel: each of its positions gets the activation whole), on the
+world group, in the compute dtype of the precision policy.
 
 No device synchronisation per microbatch, except when emulating a device's speed or profiling
 (``sync_each``): the stretch and the profiler need each piece's finished time.
@@ -94,6 +96,9 @@ class PipelineRunner:
                             spec.next_rank,
                             lambda op: outgoing.pop((op.payload, op.microbatch)),
                             buffer_for,
+                            # several when the neighbour stage is tensor parallel
+                            prev_sends=spec.prev_ranks,
+                            next_sends=spec.next_ranks,
                         )
                     )
                     continue

@@ -1,8 +1,15 @@
 """From a Plan to ranks: who runs which layers, who talks to whom, who all-reduces what.
 
 Pure (no torch): the Ray side uses it to place one actor per rank, the engine uses it to build
-process groups. Ranks are numbered replica-major, stage-minor: replica 0's stages first, then
-replica 1's, and so on. Each stage is one rank (the worker runs ``tp == 1`` stages only).
+process groups. Ranks are numbered replica-major, then stage, then tensor-parallel position:
+replica 0's stages first, then replica 1's, and so on; a stage with ``tp == n`` is ``n``
+consecutive ranks (its tensor-parallel group).
+
+Pipeline traffic between stages of different tp degrees: every rank of a stage holds the whole
+activation (tensor-parallel layers take and give replicated tensors), so tp position ``j`` of
+stage ``s`` receives its input from position ``j mod tp(s-1)`` of the previous stage, and its
+output gradient from position ``j mod tp(s+1)`` of the next one. Each rank sends to exactly the
+ranks that receive from it.
 
 Gradient all-reduce groups: a planner layer is held by exactly one rank in each replica; the
 *holders* of a layer are those ranks. Replicas may cut the model at different layers, so two
@@ -16,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.errors import SpecError
-from orchestrator.spec.plan import Plan
+from orchestrator.spec.plan import Plan, Sharding
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,12 @@ class RankSpec:
     next_rank: int | None  # the next stage of the same replica
     replica_batch_size: int
     replica_sample_offset: int  # this replica's first sample in the global batch
+    tp: int = 1
+    tp_rank: int = 0  # position in the stage's tensor-parallel group
+    stage_ranks: tuple[int, ...] = ()  # the stage's tensor-parallel group (this rank included)
+    next_ranks: tuple[int, ...] = ()  # ranks of the next stage that receive this rank's output
+    prev_ranks: tuple[int, ...] = ()  # ranks of the previous stage that receive its input grad
+    sharding: Sharding = Sharding.NONE
 
     @property
     def is_first_stage(self) -> bool:
@@ -57,50 +70,105 @@ class GradGroup:
 
 
 def check_supported(plan: Plan) -> None:
-    """Raise :class:`SpecError` for plans the worker cannot run (tensor-parallel stages)."""
+    """Raise :class:`SpecError` for plans the Ray runtime cannot place yet: it places one actor
+    per stage, so tensor-parallel and sharded stages run in the engine (``worker.local``) only."""
     for r, replica in enumerate(plan.replicas):
         for s, stage in enumerate(replica.stages):
             if stage.tp != 1:
                 raise SpecError(
-                    f"stage has tp={stage.tp}; the worker runs tensor-parallel degree 1 only",
+                    f"stage has tp={stage.tp}; the Ray runtime places tensor-parallel degree 1 "
+                    "only",
                     field=f"plan.replicas[{r}].stages[{s}].tp",
                     fix="re-plan with max_tensor_parallel: 1",
+                )
+            if stage.sharding is not Sharding.NONE:
+                raise SpecError(
+                    f"stage shards {stage.sharding.value}; the Ray runtime runs unsharded stages "
+                    "only",
+                    field=f"plan.replicas[{r}].stages[{s}].sharding",
+                    fix="set sharding: none",
+                )
+
+
+def check_executable(plan: Plan) -> None:
+    """Raise :class:`SpecError` for plans the engine cannot execute.
+
+    Sharded stages must have tp 1 (a shard group splits whole-layer flat buffers), and
+    ``full`` (parameters sharded at rest) is planned and costed but not executed.
+    """
+    for r, replica in enumerate(plan.replicas):
+        for s, stage in enumerate(replica.stages):
+            where = f"plan.replicas[{r}].stages[{s}].sharding"
+            if stage.sharding is not Sharding.NONE and stage.tp != 1:
+                raise SpecError(
+                    f"stage shards {stage.sharding.value} at tp={stage.tp}; sharded stages "
+                    "run at tp 1",
+                    field=where,
+                    fix="set tp: 1 on sharded stages or sharding: none on tensor-parallel ones",
+                )
+            if stage.sharding is Sharding.FULL:
+                raise SpecError(
+                    "sharding 'full' (parameters sharded at rest) is planned but not executed",
+                    field=where,
+                    fix="use sharding: gradients (optimizer state and gradients sharded)",
                 )
 
 
 def ranks_for_plan(plan: Plan) -> list[RankSpec]:
-    """One :class:`RankSpec` per stage, replica-major, stage-minor."""
-    check_supported(plan)
+    """One :class:`RankSpec` per device: replica-major, then stage, then tp position."""
     specs: list[RankSpec] = []
     rank = 0
     offset = 0
     for r, replica in enumerate(plan.replicas):
-        first = rank
+        firsts: list[int] = []
+        for stage in replica.stages:
+            firsts.append(rank)
+            rank += stage.tp
         n = len(replica.stages)
         for s, stage in enumerate(replica.stages):
-            specs.append(
-                RankSpec(
-                    rank=first + s,
-                    replica=r,
-                    stage=s,
-                    num_stages=n,
-                    device_type=stage.device_type,
-                    layers=stage.layers,
-                    node=stage.node,
-                    prev_rank=first + s - 1 if s > 0 else None,
-                    next_rank=first + s + 1 if s < n - 1 else None,
-                    replica_batch_size=replica.batch_size,
-                    replica_sample_offset=offset,
+            group = tuple(range(firsts[s], firsts[s] + stage.tp))
+            prev_tp = replica.stages[s - 1].tp if s > 0 else 0
+            next_tp = replica.stages[s + 1].tp if s < n - 1 else 0
+            for j, me in enumerate(group):
+                specs.append(
+                    RankSpec(
+                        rank=me,
+                        replica=r,
+                        stage=s,
+                        num_stages=n,
+                        device_type=stage.device_type,
+                        layers=stage.layers,
+                        node=stage.node,
+                        prev_rank=firsts[s - 1] + j % prev_tp if s > 0 else None,
+                        next_rank=firsts[s + 1] + j % next_tp if s < n - 1 else None,
+                        replica_batch_size=replica.batch_size,
+                        replica_sample_offset=offset,
+                        tp=stage.tp,
+                        tp_rank=j,
+                        stage_ranks=group,
+                        next_ranks=tuple(
+                            firsts[s + 1] + k for k in range(next_tp) if k % stage.tp == j
+                        ),
+                        prev_ranks=tuple(
+                            firsts[s - 1] + k for k in range(prev_tp) if k % stage.tp == j
+                        ),
+                        sharding=stage.sharding,
+                    )
                 )
-            )
-        rank += n
         offset += replica.batch_size
     return specs
 
 
 def world_size(plan: Plan) -> int:
-    """Number of ranks the plan needs."""
-    return sum(len(r.stages) for r in plan.replicas)
+    """Number of ranks the plan needs (one per device)."""
+    return plan.num_devices
+
+
+def tp_groups(plan: Plan) -> list[tuple[int, ...]]:
+    """The tensor-parallel groups (stages with tp > 1), in rank order; every rank creates them
+    in this order."""
+    groups = {s.stage_ranks for s in ranks_for_plan(plan) if s.tp > 1}
+    return sorted(groups)
 
 
 def layer_holders(plan: Plan) -> dict[int, tuple[int, ...]]:
@@ -113,19 +181,87 @@ def layer_holders(plan: Plan) -> dict[int, tuple[int, ...]]:
 
 
 def grad_groups(plan: Plan) -> list[GradGroup]:
-    """Distinct holder sets with more than one rank, ordered by their first layer.
+    """Distinct holder sets spanning more than one replica, ordered by their first layer.
 
     Every rank must create these process groups in this order (``new_group`` is collective over
     the whole world) and all-reduce in this order.
     """
+    replica_of = {s.rank: s.replica for s in ranks_for_plan(plan)}
     by_ranks: dict[tuple[int, ...], list[int]] = {}
     for layer, ranks in sorted(layer_holders(plan).items()):
-        if len(ranks) > 1:
+        # Holders in one replica only (one stage's tp group) have nothing to sum.
+        if len({replica_of[r] for r in ranks}) > 1:
             by_ranks.setdefault(ranks, []).append(layer)
     groups = [GradGroup(ranks=ranks, layers=tuple(layers)) for ranks, layers in by_ranks.items()]
     return sorted(groups, key=lambda g: g.layers[0])
 
 
 def checkpoint_writers(plan: Plan) -> dict[int, int]:
-    """Planner layer -> the one rank that saves it (the holder in the lowest replica)."""
+    """Planner layer -> the one rank that saves it (the lowest holder: tp position 0 of the
+    holding stage in the lowest replica)."""
     return {layer: ranks[0] for layer, ranks in layer_holders(plan).items()}
+
+
+def shard_sources(plan: Plan) -> dict[int, tuple[int, ...]]:
+    """Planner layer -> the ranks whose states together make its whole state: the writer's
+    tensor-parallel group (just the writer at tp 1), or, for a layer whose writer shards it,
+    the group's sharded holders (each holds a slice of the optimizer state)."""
+    by_rank = {s.rank: s for s in ranks_for_plan(plan)}
+    out = {layer: by_rank[w].stage_ranks for layer, w in checkpoint_writers(plan).items()}
+    for group in shard_groups(plan):
+        for layer in group.layers:
+            if out[layer][0] in group.sharded:
+                out[layer] = group.sharded
+    return out
+
+
+@dataclass(frozen=True)
+class ShardGroup:
+    """Holders of some layers, of which ``sharded`` split their training state.
+
+    ``ranks`` is the gradient group (every holder); ``sharded`` the holders whose stages shard,
+    in rank order; shard ``k`` of the group's flat state belongs to ``sharded[k]``.
+    """
+
+    ranks: tuple[int, ...]
+    sharded: tuple[int, ...]
+    layers: tuple[int, ...]
+    level: Sharding
+
+    @property
+    def all_sharded(self) -> bool:
+        return self.sharded == self.ranks
+
+
+def shard_groups(plan: Plan) -> list[ShardGroup]:
+    """The gradient groups with two or more sharded holders, in ``grad_groups`` order.
+
+    A single sharded holder has nobody to split with and keeps its state whole.
+    """
+    by_rank = {s.rank: s for s in ranks_for_plan(plan)}
+    out: list[ShardGroup] = []
+    for g in grad_groups(plan):
+        sharded = tuple(r for r in g.ranks if by_rank[r].sharding is not Sharding.NONE)
+        if len(sharded) < 2:
+            continue
+        levels = {by_rank[r].sharding for r in sharded}
+        if len(levels) > 1:
+            raise SpecError(
+                f"planner layers {list(g.layers)} are sharded at different levels "
+                f"{sorted(v.value for v in levels)}",
+                field="plan.replicas[].stages[].sharding",
+                fix="give every sharded stage holding a layer the same sharding level",
+            )
+        out.append(ShardGroup(ranks=g.ranks, sharded=sharded, layers=g.layers, level=levels.pop()))
+    return out
+
+
+def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``numel`` elements into ``parts`` contiguous ranges, sizes differing by at most 1."""
+    base, extra = divmod(numel, parts)
+    bounds, start = [], 0
+    for k in range(parts):
+        end = start + base + (1 if k < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds

@@ -95,8 +95,80 @@ def test_tensor_parallel_stage_is_refused_with_field() -> None:
             ],
         }
     )
+    # The engine runs it; the Ray runtime's placement refuses it, naming the field.
+    assert [s.rank for s in topology.ranks_for_plan(plan)] == [0, 1]
     with pytest.raises(SpecError, match=r"plan.replicas\[0\].stages\[0\].tp"):
-        topology.ranks_for_plan(plan)
+        topology.check_supported(plan)
+
+
+def _plan(replicas: list[dict[str, object]]) -> Plan:
+    total = sum(int(r["batch_size"]) for r in replicas)  # type: ignore[call-overload]
+    return Plan.model_validate(
+        {"global_batch_size": total, "microbatch_size": 1, "replicas": replicas}
+    )
+
+
+def test_tensor_parallel_ranks_and_cross_degree_neighbours() -> None:
+    # replica 0: stage 0 at tp 1, stage 1 at tp 2, stage 2 at tp 1; replica 1 whole at tp 2
+    plan = _plan(
+        [
+            {
+                "batch_size": 2,
+                "stages": [
+                    {"layers": [0, 1], "device_type": "A"},
+                    {"layers": [1, 3], "device_type": "A", "tp": 2},
+                    {"layers": [3, 4], "device_type": "A"},
+                ],
+            },
+            {"batch_size": 1, "stages": [{"layers": [0, 4], "device_type": "A", "tp": 2}]},
+        ]
+    )
+    specs = topology.ranks_for_plan(plan)
+    assert topology.world_size(plan) == 6 == len(specs)
+    s0, s1a, s1b, s2 = specs[:4]
+    assert s0.next_ranks == (1, 2) and s0.prev_ranks == ()
+    assert (s1a.prev_rank, s1b.prev_rank) == (0, 0)
+    assert (s1a.next_rank, s1b.next_rank) == (3, 3)
+    assert s1a.next_ranks == (3,) and s1b.next_ranks == ()
+    assert s2.prev_ranks == (1, 2) and s2.prev_rank == 1  # both tp ranks need the gradient
+    assert (s1b.tp, s1b.tp_rank, s1b.stage_ranks) == (2, 1, (1, 2))
+    assert topology.tp_groups(plan) == [(1, 2), (4, 5)]
+    # layer 1 is held by the tp group of each replica; one group sums across both
+    assert topology.layer_holders(plan)[1] == (1, 2, 4, 5)
+    assert [(g.ranks, g.layers) for g in topology.grad_groups(plan)] == [
+        ((0, 4, 5), (0,)),
+        ((1, 2, 4, 5), (1, 2)),
+        ((3, 4, 5), (3,)),
+    ]
+    assert topology.shard_sources(plan) == {0: (0,), 1: (1, 2), 2: (1, 2), 3: (3,)}
+
+
+def test_single_tp_group_needs_no_grad_group() -> None:
+    plan = _plan([{"batch_size": 2, "stages": [{"layers": [0, 4], "device_type": "A", "tp": 2}]}])
+    assert topology.grad_groups(plan) == []
+
+
+def test_engine_refuses_sharding_at_tp_and_unexecuted_full() -> None:
+    tp_sharded = _plan(
+        [
+            {
+                "batch_size": 1,
+                "stages": [
+                    {"layers": [0, 4], "device_type": "A", "tp": 2, "sharding": "optimizer"}
+                ],
+            },
+            {"batch_size": 1, "stages": [{"layers": [0, 4], "device_type": "A"}]},
+        ]
+    )
+    with pytest.raises(SpecError, match=r"stages\[0\].sharding"):
+        topology.check_executable(tp_sharded)
+    full = _plan(
+        [{"batch_size": 1, "stages": [{"layers": [0, 4], "device_type": "A", "sharding": "full"}]}]
+    )
+    with pytest.raises(SpecError, match="not executed"):
+        topology.check_executable(full)
+    with pytest.raises(SpecError, match="sharding"):
+        topology.check_supported(full)
 
 
 def test_microbatch_sizes_keep_every_sample() -> None:

@@ -1,0 +1,164 @@
+"""Sharded data parallel in the cost model: memory split across a shard group, and the
+all-gather / reduce-scatter it costs.
+
+A layer's *shard group* is the set of its holders (one stage per replica) whose stages shard it;
+with ``k`` of them each keeps ``1/k`` of what the level shards (Rajbhandari et al. 2020, "ZeRO",
+section 5):
+
+- ``optimizer`` (ZeRO-1): optimizer state (fp32 master and moments) ``/ k``;
+- ``gradients`` (ZeRO-2): also gradients ``/ k``;
+- ``full`` (ZeRO-3): also weights ``/ k``, plus whole weights of the layers being gathered
+  (FSDP keeps the current layer and prefetches the next: two layers' weights).
+
+Communication, per layer and step, over the slowest link of the group (``b`` bandwidth, ``P``
+parameters, ``w``/``g`` bytes per weight/gradient): ZeRO-1/2 reduce-scatter gradients and
+all-gather updated weights, ``(k-1)/k P (g + w) / b``, the ring all-reduce's volume when
+``g == w``, so they cost what plain data parallel costs. Where some holders do not shard, the
+runtime all-reduces whole gradients over every holder and the sharded ones then all-gather
+their slices: that all-gather is extra. ZeRO-3 gathers weights before the forward and again
+before the backward and reduce-scatters gradients: ``(k-1)/k P (2 w + g)`` (1.5x an
+all-reduce; ZeRO section 7). FSDP prefetches the next layer's weights while the current one
+computes, so the gathers hide behind compute up to the stage's compute time; what does not hide
+is charged. That is the regime of "Memory and Bandwidth are All You Need for Fully Sharded Data
+Parallel": sharding pays where the memory it frees is needed (a model that does not fit, or a
+bigger microbatch) and the link moves a step's gathers within a step's compute.
+
+The optimizer step of a sharded holder updates its slice only: ``1/k`` of the layer's update
+time.
+
+Pure: no torch or ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.plan import Plan, Sharding, StageSpec
+
+if TYPE_CHECKING:
+    from orchestrator.costmodel.estimate import DeviceEstimate
+
+# FSDP holds the layer it computes and the one it prefetches.
+GATHERED_LAYERS = 2
+
+
+def state_parts_bytes(
+    model: ModelSpec, training: TrainingSpec, layer: int, tp: int
+) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes of ``layer`` on one of its ``tp`` devices."""
+    params = model.layer_params(layer) / tp
+    w = model.dtype.size_bytes if training.mixed_precision else 4
+    g = training.grad_bytes_per_param(model.dtype)
+    total = training.state_bytes_per_param(model.dtype)
+    return params * w, params * g, params * (total - w - g)
+
+
+def sharded_state_bytes(
+    model: ModelSpec, training: TrainingSpec, layer: int, tp: int, level: Sharding, k: int
+) -> float:
+    """State bytes of ``layer`` on one device of a shard group of ``k`` at ``level``
+    (without the gathered working weights of ``full``; see :func:`gathered_bytes`)."""
+    weights, grads, opt = state_parts_bytes(model, training, layer, tp)
+    if k <= 1 or level is Sharding.NONE:
+        return weights + grads + opt
+    if level is Sharding.OPTIMIZER:
+        return weights + grads + opt / k
+    if level is Sharding.GRADIENTS:
+        return weights + (grads + opt) / k
+    return (weights + grads + opt) / k
+
+
+def gathered_bytes(
+    model: ModelSpec, training: TrainingSpec, layers: Sequence[int], tp: int
+) -> float:
+    """Whole weights ZeRO-3 holds at once: the largest ``GATHERED_LAYERS`` of the stage's."""
+    sizes = sorted((state_parts_bytes(model, training, i, tp)[0] for i in layers), reverse=True)
+    return sum(sizes[:GATHERED_LAYERS])
+
+
+def sync_extra_s(
+    model: ModelSpec,
+    training: TrainingSpec,
+    layer: int,
+    tp: int,
+    level: Sharding,
+    k: int,
+    all_sharded: bool,
+    bandwidth_bytes_per_s: float,
+) -> tuple[float, float]:
+    """(extra seconds that cannot overlap, seconds of gathers that can hide behind compute)
+    one sharded holder spends on ``layer`` beyond plain data parallel's all-reduce."""
+    if k <= 1 or level is Sharding.NONE:
+        return 0.0, 0.0
+    weights, grads, _ = state_parts_bytes(model, training, layer, tp)
+    frac = (k - 1) / k
+    if level is Sharding.FULL:
+        # Two gathers of the weights (forward, backward) overlap with compute; the
+        # reduce-scatter replaces half of the all-reduce, the gather of updated weights is
+        # not needed (each rank keeps its slice).
+        gathers = 2 * frac * weights / bandwidth_bytes_per_s
+        saved = frac * weights / bandwidth_bytes_per_s if all_sharded else 0.0
+        return -saved, gathers
+    if all_sharded:
+        # reduce-scatter + all-gather = the all-reduce volume, up to the byte widths
+        return frac * (weights - grads) / bandwidth_bytes_per_s, 0.0
+    return frac * weights / bandwidth_bytes_per_s, 0.0
+
+
+def apply(
+    plan: Plan,
+    devices: Sequence[DeviceEstimate],
+    model: ModelSpec,
+    training: TrainingSpec,
+    holder_bandwidth: Callable[[list[StageSpec]], float],
+) -> list[DeviceEstimate]:
+    """The devices' estimates with sharded stages' memory and synchronisation adjusted."""
+    out = list(devices)
+    index = {(d.replica, d.stage): i for i, d in enumerate(out)}
+    saved_bytes = [0.0] * len(out)
+    extra_s = [0.0] * len(out)
+    hideable_s = [0.0] * len(out)
+    update_kept = [1.0] * len(out)  # fraction of the stage's update time still spent
+    for layer in range(plan.num_layers):
+        holders = [
+            (r, s, st)
+            for r, rep in enumerate(plan.replicas)
+            for s, st in enumerate(rep.stages)
+            if st.layers[0] <= layer < st.layers[1]
+        ]
+        sharded = [(r, s, st) for r, s, st in holders if st.sharding is not Sharding.NONE]
+        k = len(sharded)
+        if k < 2:
+            continue
+        level = sharded[0][2].sharding
+        bw = holder_bandwidth([st for _, _, st in sharded])
+        for r, s, st in sharded:
+            i = index[(r, s)]
+            whole = sum(state_parts_bytes(model, training, layer, st.tp))
+            saved_bytes[i] += whole - sharded_state_bytes(model, training, layer, st.tp, level, k)
+            fixed, hideable = sync_extra_s(
+                model, training, layer, st.tp, level, k, k == len(holders), bw
+            )
+            extra_s[i] += fixed
+            hideable_s[i] += hideable
+            update_kept[i] -= (1 - 1 / k) / (st.layers[1] - st.layers[0])
+    for i, d in enumerate(out):
+        if saved_bytes[i] == 0.0 and extra_s[i] == 0.0 and hideable_s[i] == 0.0:
+            continue
+        stage = plan.replicas[d.replica].stages[d.stage]
+        memory = d.memory_bytes - saved_bytes[i]
+        if stage.sharding is Sharding.FULL:
+            memory += gathered_bytes(model, training, range(*stage.layers), stage.tp)
+        # Prefetched gathers hide behind the stage's compute; the rest shows.
+        exposed = max(0.0, hideable_s[i] - d.compute_s)
+        out[i] = replace(
+            d,
+            memory_bytes=memory,
+            # update time spread evenly over the stage's layers (the tables keep it per stage)
+            update_s=d.update_s * max(update_kept[i], 0.0),
+            allreduce_s=max(0.0, d.allreduce_s + extra_s[i]) + exposed,
+        )
+    return out

@@ -1,0 +1,65 @@
+"""A sharded data-parallel candidate: every device a whole replica, state sharded across all.
+
+Cephalo's layout (every GPU holds the whole model's layers, training state sharded across all
+of them, per-GPU batches set by speed): it uses every device, including ones too small or too
+slow for a pipeline stage of their own. Batch shares are water-filled on the cost tables (each
+sample goes to the device that would finish it soonest), and the candidate is tried at each
+sharding level the engine executes and each microbatch size; the search keeps it only when the
+cost model says it is faster than the pipelined plans and it fits.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from orchestrator.costmodel import Estimate, estimate_with_tables
+from orchestrator.costmodel.tables import CostTables
+from orchestrator.spec.cluster import Cluster
+from orchestrator.spec.plan import Plan, ReplicaSpec, Sharding, StageSpec
+
+# The levels the engine executes (``full`` is costed, not run, so the search does not choose it).
+LEVELS = (Sharding.OPTIMIZER, Sharding.GRADIENTS)
+
+
+def _shares(seconds_per_sample: list[float], batch: int) -> list[int]:
+    """Water-fill ``batch`` samples: each to the device whose finish time grows least."""
+    counts = [1] * len(seconds_per_sample)  # every device takes part
+    heap = [(2 * t, i) for i, t in enumerate(seconds_per_sample)]
+    heapq.heapify(heap)
+    for _ in range(batch - len(counts)):
+        _, i = heapq.heappop(heap)
+        counts[i] += 1
+        heapq.heappush(heap, ((counts[i] + 1) * seconds_per_sample[i], i))
+    return counts
+
+
+def sharded_data_parallel(
+    cluster: Cluster, tables: CostTables, global_batch_size: int, microbatch_sizes: list[int]
+) -> tuple[Plan, Estimate] | None:
+    """The fastest fitting sharded data-parallel plan over every device, or None."""
+    devices = [(n.name, n.device_type.name) for n in cluster.nodes for _ in range(n.num_devices)]
+    if len(devices) < 2 or global_batch_size < len(devices):
+        return None
+    layers = tables.model.num_planner_layers
+    best: tuple[Plan, Estimate] | None = None
+    for mbs in microbatch_sizes:
+        per_sample = [tables.table(t, mbs, 1).compute_s(0, layers) / mbs for _, t in devices]
+        shares = _shares(per_sample, global_batch_size)
+        for level in LEVELS:
+            plan = Plan(
+                global_batch_size=global_batch_size,
+                microbatch_size=mbs,
+                replicas=tuple(
+                    ReplicaSpec(
+                        batch_size=b,
+                        stages=(
+                            StageSpec(layers=(0, layers), device_type=t, node=node, sharding=level),
+                        ),
+                    )
+                    for b, (node, t) in zip(shares, devices, strict=True)
+                ),
+            )
+            est = estimate_with_tables(plan, cluster, tables)
+            if est.fits and (best is None or est.step_time_s < best[1].step_time_s):
+                best = (plan, est)
+    return best

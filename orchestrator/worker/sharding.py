@@ -1,0 +1,324 @@
+"""Sharded data parallel: holders of the same layers split optimizer state (and gradients).
+
+For each shard group (``topology.shard_groups``: the holders of some layers, two or more of which
+shard them) the group's parameters are seen as one flat vector, cut into contiguous slices, one
+per sharded holder. Each sharded holder keeps the optimizer state of its slice only and updates
+that slice; the updated slices are then broadcast to the other sharded holders, so every holder
+again has whole parameters for the next step (ZeRO-1, Rajbhandari et al. 2020). With
+``gradients`` (ZeRO-2) and a group whose holders all shard, the gradient is reduced slice by
+slice onto its owner instead of all-reduced, and a rank keeps only its slice of the summed
+gradient. Where some holders of the layers do not shard, the group all-reduces whole gradients
+(those holders need them) and the sharded ones drop what they do not own.
+
+Why our own piece and not FSDP2's ``fully_shard``: our plans sum a layer's gradient over
+replicas that shard and replicas that do not, with batch shares that differ per replica, and
+over groups that mix device types; ``fully_shard`` ties the gradient reduction group to the
+shard group and splits every parameter evenly on dim 0 of its mesh, so it cannot express a
+group where only some holders shard, nor slices whose sizes are chosen apart from the batch
+shares. Slices here are contiguous ranges of the flat vector (``topology.shard_bounds``); the
+reduce and the gather are one ``reduce`` / ``broadcast`` per slice, which gloo and NCCL both
+run and which take slices of any size. Parameters sharded at rest (``full``, ZeRO-3) are planned
+and costed but not executed.
+
+States move in two forms, like tensor parallel's: ``layer_states`` gives this rank's params
+(whole) and its slice of the optimizer state under a ``"zero_shard"`` record;
+:func:`merge_sharded_states` joins the sharded holders' parts into the whole per-layer state that
+checkpoints store, and :meth:`ShardedState.load` cuts a whole state for this rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from orchestrator.errors import SpecError
+from orchestrator.spec.plan import Plan, Sharding
+from orchestrator.worker import tensor_parallel
+from orchestrator.worker.optim import make_optimizer, set_learning_rate
+from orchestrator.worker.recipe import OptimizerRecipe
+from orchestrator.worker.topology import ShardGroup, shard_bounds, shard_groups
+
+ZERO_KEY = "zero_shard"
+
+
+class _Group:
+    """One shard group as this rank sees it."""
+
+    def __init__(self, group: ShardGroup, rank: int, all_handle: Any, sharded_handle: Any) -> None:
+        self.group = group
+        self.all_handle = all_handle  # every holder of the layers
+        self.sharded_handle = sharded_handle  # the sharded holders
+        self.index = group.sharded.index(rank)
+        self.bounds: list[tuple[int, int]] = []
+        self.master: torch.Tensor | None = None  # this rank's slice of the flat parameters
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.grad_slice: torch.Tensor | None = None
+
+    @property
+    def reduces_itself(self) -> bool:
+        """True when gradients go slice by slice to their owners (no whole all-reduce)."""
+        return self.group.level.shards_gradients and self.group.all_sharded
+
+    @property
+    def mine(self) -> tuple[int, int]:
+        return self.bounds[self.index]
+
+
+def _params(layers: dict[int, nn.Module], group: ShardGroup) -> list[nn.Parameter]:
+    return [p for i in group.layers for p in layers[i].parameters()]
+
+
+def _flat_params(layers: dict[int, nn.Module], group: ShardGroup) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in _params(layers, group)])
+
+
+class ShardedState:
+    """The shard groups this rank belongs to, their slices, optimizers and collectives."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        rank: int,
+        layers: dict[int, nn.Module],
+        optimizers: dict[int, torch.optim.Optimizer],
+        optimizer_name: str,
+        learning_rate: float,
+        all_handles: dict[tuple[int, ...], Any],
+    ) -> None:
+        """Create the sharded holders' process groups (collective over the world: every rank
+        builds this object, in the same order) and take over the per-layer optimizers of this
+        rank's sharded layers (their state, if any, is cut to this rank's slice)."""
+        self.rank = rank
+        self.optimizer_name = optimizer_name
+        self.learning_rate = learning_rate
+        self.groups: list[_Group] = []
+        for group in shard_groups(plan):
+            handle = dist.new_group(ranks=list(group.sharded))
+            if rank in group.sharded:
+                self.groups.append(_Group(group, rank, all_handles[group.ranks], handle))
+        for g in self.groups:
+            whole = {i: {"optimizer": optimizers.pop(i).state_dict()} for i in g.group.layers}
+            self._init_slice(g, layers, whole)
+
+    @property
+    def layers(self) -> set[int]:
+        """Planner layers whose optimizer state this object holds (sliced)."""
+        return {i for g in self.groups for i in g.group.layers}
+
+    @property
+    def self_reduced(self) -> set[tuple[int, ...]]:
+        """Gradient groups that must not be all-reduced whole (their slices are reduced here)."""
+        return {g.group.ranks for g in self.groups if g.reduces_itself}
+
+    def _init_slice(
+        self, g: _Group, layers: dict[int, nn.Module], whole: dict[int, dict[str, Any]]
+    ) -> None:
+        flat = _flat_params(layers, g.group)
+        g.bounds = shard_bounds(flat.numel(), len(g.group.sharded))
+        lo, hi = g.mine
+        g.master = flat[lo:hi].clone().requires_grad_(True)
+        g.optimizer = make_optimizer(self.optimizer_name, [g.master], self.learning_rate)
+        sliced = _slice_optimizer_state(
+            [whole[i]["optimizer"] for i in g.group.layers],
+            [list(layers[i].parameters()) for i in g.group.layers],
+            lo,
+            hi,
+        )
+        if sliced is not None:
+            state = g.optimizer.state_dict()
+            state["state"] = {0: sliced}
+            g.optimizer.load_state_dict(state)
+
+    def after_backward(self, layers: dict[int, nn.Module]) -> None:
+        """Bring each group's summed gradient slice to its owner; free the rest."""
+        for g in self.groups:
+            params = _params(layers, g.group)
+            flat = torch.cat(
+                [
+                    (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                    for p in params
+                ]
+            )
+            if g.reduces_itself:
+                # One reduce per slice (sizes may differ), in slice order on every holder.
+                for k, (lo, hi) in enumerate(g.bounds):
+                    piece = flat[lo:hi].contiguous()
+                    dist.reduce(
+                        piece, dst=g.group.sharded[k], op=dist.ReduceOp.SUM, group=g.all_handle
+                    )
+                    if k == g.index:
+                        g.grad_slice = piece
+            else:
+                lo, hi = g.mine
+                g.grad_slice = flat[lo:hi].clone()  # already summed by the whole all-reduce
+            for p in params:
+                p.grad = None  # only the slice is kept
+
+    def step(self, layers: dict[int, nn.Module], learning_rate: float | None = None) -> None:
+        """Update this rank's slices (at ``learning_rate``, the schedule's value for the step),
+        then gather every slice into the whole parameters."""
+        for g in self.groups:
+            assert g.master is not None and g.optimizer is not None
+            assert g.grad_slice is not None, "after_backward() before step()"
+            if learning_rate is not None:
+                set_learning_rate(g.optimizer, learning_rate)
+            g.master.grad = g.grad_slice
+            g.optimizer.step()
+            g.master.grad = None
+            g.grad_slice = None
+            pieces = []
+            for k, (lo, hi) in enumerate(g.bounds):
+                buf = (
+                    g.master.detach().clone()
+                    if k == g.index
+                    else torch.empty(hi - lo, dtype=g.master.dtype, device=g.master.device)
+                )
+                dist.broadcast(buf, src=g.group.sharded[k], group=g.sharded_handle)
+                pieces.append(buf)
+            flat = torch.cat(pieces)
+            offset = 0
+            with torch.no_grad():
+                for p in _params(layers, g.group):
+                    n = p.numel()
+                    p.copy_(flat[offset : offset + n].view_as(p))
+                    offset += n
+
+    def layer_states(self, layers: dict[int, nn.Module]) -> dict[int, dict[str, Any]]:
+        """This rank's part of its sharded layers' state: whole params, sliced optimizer."""
+        out: dict[int, dict[str, Any]] = {}
+        for g in self.groups:
+            assert g.optimizer is not None
+            opt = tensor_parallel._local(g.optimizer.state_dict())
+            lo, hi = g.mine
+            record = {
+                "layers": list(g.group.layers),
+                "slice": [lo, hi],
+                "index": g.index,
+                "parts": len(g.group.sharded),
+                "optimizer": opt,
+            }
+            for i in g.group.layers:
+                out[i] = {
+                    "params": tensor_parallel._local(layers[i].state_dict()),
+                    ZERO_KEY: record,
+                }
+        return out
+
+    def load(self, layers: dict[int, nn.Module], states: dict[int, dict[str, Any]]) -> None:
+        """Re-cut this rank's slices from whole per-layer states (params already loaded)."""
+        for g in self.groups:
+            self._init_slice(g, layers, {i: states[i] for i in g.group.layers})
+
+
+def _slice_optimizer_state(
+    states: Sequence[dict[str, Any]], params: Sequence[Sequence[nn.Parameter]], lo: int, hi: int
+) -> dict[str, Any] | None:
+    """Per-layer optimizer state dicts -> the flat slice ``[lo, hi)`` of their per-parameter
+    tensors (scalars such as Adam's step are alike across parameters); None if stateless."""
+    entries: list[dict[str, Any]] = []
+    for state, ps in zip(states, params, strict=True):
+        for j in range(len(ps)):
+            entry = state.get("state", {}).get(j)
+            if entry is None:
+                return None
+            entries.append(entry)
+    out: dict[str, Any] = {}
+    for key, value in entries[0].items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            flat = torch.cat([e[key].reshape(-1) for e in entries])
+            out[key] = flat[lo:hi].clone()
+        else:
+            out[key] = value.clone() if isinstance(value, torch.Tensor) else value
+    return out
+
+
+def merge_sharded_states(parts_by_layer: dict[int, list[dict[str, Any]]]) -> dict[int, Any]:
+    """Planner layer -> parts from its sources -> planner layer -> whole state.
+
+    Sharded parts of a group's layers share one flat optimizer state; it is joined from every
+    sharded holder's slice and cut back per layer and parameter.
+    """
+    out: dict[int, Any] = {}
+    done: set[int] = set()
+    for layer, parts in sorted(parts_by_layer.items()):
+        if layer in done:
+            continue
+        if ZERO_KEY not in parts[0]:
+            out[layer] = tensor_parallel.merge_layer_states(parts)
+            continue
+        records = sorted((p[ZERO_KEY] for p in parts), key=lambda r: int(r["index"]))
+        if [r["index"] for r in records] != list(range(records[0]["parts"])):
+            raise ValueError(f"need every sharded holder's slice to merge layer {layer}")
+        group_layers = records[0]["layers"]
+        slices = [r["optimizer"]["state"].get(0) for r in records]
+        groups = records[0]["optimizer"]["param_groups"]
+        flat: dict[str, Any] = {}
+        if all(s is not None for s in slices):
+            for key, value in slices[0].items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    flat[key] = torch.cat([s[key] for s in slices])
+                else:
+                    flat[key] = value
+        offset = 0
+        for i in group_layers:
+            params = parts_by_layer[i][0]["params"]
+            state: dict[int, dict[str, Any]] = {}
+            names = list(params)
+            for j, name in enumerate(names):
+                n = params[name].numel()
+                if flat:
+                    state[j] = {
+                        key: (
+                            v[offset : offset + n].view_as(params[name]).clone()
+                            if isinstance(v, torch.Tensor) and v.dim() > 0
+                            else (v.clone() if isinstance(v, torch.Tensor) else v)
+                        )
+                        for key, v in flat.items()
+                    }
+                offset += n
+            group = dict(groups[0])
+            group["params"] = list(range(len(names)))
+            out[i] = {"params": params, "optimizer": {"state": state, "param_groups": [group]}}
+            done.add(i)
+    return out
+
+
+def check_recipe(plan: Plan, recipe: OptimizerRecipe, precision: str) -> None:
+    """Raise :class:`SpecError` for what sharded stages do not execute yet.
+
+    A shard group updates one flat slice per rank with one optimizer, so per-parameter weight
+    decay groups, the global-norm clip (which needs each slice's norm) and fp16 loss scaling
+    (which needs every gradient before the reduce-scatter) are refused with sharding rather than
+    run differently from the unsharded update.
+    """
+    sharded = [
+        f"plan.replicas[{r}].stages[{s}].sharding"
+        for r, replica in enumerate(plan.replicas)
+        for s, stage in enumerate(replica.stages)
+        if stage.sharding is not Sharding.NONE
+    ]
+    if not sharded:
+        return
+    where = sharded[0]
+    if recipe.weight_decay:
+        raise SpecError(
+            "sharded stages do not apply weight decay yet",
+            field=where,
+            fix="set sharding: none, or training.weight_decay: 0",
+        )
+    if recipe.grad_clip_norm is not None:
+        raise SpecError(
+            "sharded stages do not clip gradients yet",
+            field=where,
+            fix="set sharding: none, or drop training.grad_clip_norm",
+        )
+    if precision == "fp16":
+        raise SpecError(
+            "sharded stages do not run fp16 loss scaling yet",
+            field=where,
+            fix="set sharding: none, or training.precision: bf16",
+        )

@@ -1,0 +1,114 @@
+"""Sharded data parallel in the cost model, and the plan format's sharding and layout checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.costmodel import estimate_plan
+from orchestrator.costmodel.sharding import state_parts_bytes
+from orchestrator.errors import SpecError
+from orchestrator.spec import Plan
+
+from .toy import cluster, model, profiles, training
+
+
+def _plan(level: str, replicas: int = 3, tp: int = 1) -> Plan:
+    return Plan(
+        global_batch_size=replicas,
+        microbatch_size=1,
+        replicas=[
+            {
+                "batch_size": 1,
+                "stages": [{"layers": [0, 4], "device_type": "fast", "sharding": level, "tp": tp}],
+            }
+            for _ in range(replicas)
+        ],
+    )
+
+
+def _estimate(plan: Plan, bandwidth: float = 1e30):
+    c = cluster(("fast", 3, 1), inter_node_bandwidth_bytes_per_s=bandwidth).resolve()
+    return estimate_plan(
+        plan, c, model(2), training(plan.global_batch_size), profiles({"fast": 1.0}, 4)
+    )
+
+
+@pytest.mark.parametrize(
+    ("level", "kept"),
+    [
+        # (weights, gradients, optimizer) fractions kept on each of 3 holders
+        ("optimizer", (1, 1, 1 / 3)),
+        ("gradients", (1, 1 / 3, 1 / 3)),
+    ],
+)
+def test_memory_divides_what_the_level_shards(level: str, kept: tuple[float, ...]) -> None:
+    m, t = model(2), training(3)
+    parts = [state_parts_bytes(m, t, i, 1) for i in range(4)]
+    whole = _estimate(_plan("none")).devices[0].memory_bytes
+    sharded = _estimate(_plan(level)).devices[0].memory_bytes
+    saved = sum(p[j] * (1 - kept[j]) for p in parts for j in range(3))
+    assert saved > 0
+    assert whole - sharded == pytest.approx(saved, rel=1e-9)
+
+
+def test_full_sharding_holds_a_third_plus_two_gathered_layers() -> None:
+    m, t = model(2), training(3)
+    parts = [state_parts_bytes(m, t, i, 1) for i in range(4)]
+    whole = _estimate(_plan("none")).devices[0].memory_bytes
+    full = _estimate(_plan("full")).devices[0].memory_bytes
+    total = sum(sum(p) for p in parts)
+    gathered = sum(sorted((p[0] for p in parts), reverse=True)[:2])
+    assert whole - full == pytest.approx(total * 2 / 3 - gathered, rel=1e-9)
+
+
+def test_full_sharding_gathers_hide_behind_compute_until_the_link_is_slow() -> None:
+    fast_link = _estimate(_plan("full"), bandwidth=1e30)
+    plain_fast = _estimate(_plan("none"), bandwidth=1e30)
+    assert fast_link.step_time_s == pytest.approx(plain_fast.step_time_s, rel=1e-6)
+    # A link so slow that two weight gathers take far longer than the 12 s of compute: the
+    # part that does not hide shows in the step.
+    slow = 1e-2
+    full = _estimate(_plan("full"), bandwidth=slow)
+    plain = _estimate(_plan("none"), bandwidth=slow)
+    m, t = model(2), training(3)
+    weights = sum(state_parts_bytes(m, t, i, 1)[0] for i in range(4))
+    gathers = 2 * (2 / 3) * weights / slow
+    saved_gather = (2 / 3) * weights / slow  # no gather of updated weights at ZeRO-3
+    compute = full.devices[0].compute_s
+    assert gathers > compute
+    assert full.step_time_s - plain.step_time_s == pytest.approx(
+        gathers - compute - saved_gather, rel=1e-6
+    )
+
+
+def test_unsharded_plans_keep_their_json_and_sharding_round_trips() -> None:
+    assert "sharding" not in _plan("none").to_json()
+    plan = _plan("gradients")
+    assert Plan.model_validate_json(plan.to_json()) == plan
+
+
+def test_layout_checks_name_the_field() -> None:
+    with pytest.raises(SpecError, match=r"tp=3 does not divide num_heads \(2\)"):
+        _plan("none", tp=3).check_layouts(2, 32, {"fast": 4})
+    with pytest.raises(SpecError, match="largest such node has 1"):
+        _plan("none", tp=2).check_layouts(2, 32, {"fast": 1})
+    mixed = Plan(
+        global_batch_size=2,
+        microbatch_size=1,
+        replicas=[
+            {"batch_size": 1, "stages": [{"layers": [0, 4], "device_type": "fast", "sharding": s}]}
+            for s in ("optimizer", "gradients")
+        ],
+    )
+    with pytest.raises(SpecError, match="different levels"):
+        mixed.check_layouts(2, 32, {"fast": 1})
+
+
+def test_sharded_holders_update_their_slice_only() -> None:
+    c = cluster(("fast", 3, 1)).resolve()
+    costs = [
+        estimate_plan(_plan(level), c, model(2), training(3), profiles({"fast": 1.0}, 4, 0.5))
+        for level in ("none", "gradients")
+    ]
+    assert costs[0].update_s == pytest.approx(2.0)  # 4 layers x 0.5 s
+    assert costs[1].update_s == pytest.approx(2.0 / 3)
