@@ -57,9 +57,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"orchestrator run: {exc}", file=sys.stderr, flush=True)
             return 1
         return 0
+    from orchestrator.errors import PermanentError
+
     server, callbacks = _telemetry(job, port)
     try:
         run_job(job, args.job, plan_file=args.plan, steps=args.steps, callbacks=callbacks, out=out)
+    except PermanentError as exc:  # a non-finite step, a worker's error: retrying will not help
+        print(f"orchestrator run: training stopped: {exc}", file=sys.stderr, flush=True)
+        return 1
     finally:
         if server is not None:
             server.stop()

@@ -33,4 +33,5 @@ def worker_job(job: JobSpec, job_file: Path | str) -> WorkerJob:
         optimizer=job.training.optimizer.value,
         learning_rate=job.training.learning_rate,
         seed=job.training.seed,
+        extra={"skip_nonfinite_steps": job.training.skip_nonfinite_steps},
     )

@@ -91,6 +91,9 @@ class JobTrainingSection(TrainingSpec):
     learning_rate: PositiveFloat = 3e-4
     seed: int = Field(default=0, ge=0)
     schedule: Schedule = Schedule.ONE_F_ONE_B
+    # Steps with a non-finite loss or gradient norm that may be skipped (their update dropped)
+    # before training stops with an error; 0: stop at the first (docs/job.md).
+    skip_nonfinite_steps: int = Field(default=0, ge=0, le=1000)
 
     def planner_spec(self) -> TrainingSpec:
         """The part the planner and cost model read."""

@@ -27,6 +27,7 @@ from orchestrator.spec.plan import Plan
 from orchestrator.worker import topology
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.emulation import Stretcher
+from orchestrator.worker.finite import FiniteGuard
 from orchestrator.worker.groups import GradientGroups, backend_for_device, init_world
 from orchestrator.worker.model_api import LayeredModel, build_model, check_layer_count
 from orchestrator.worker.optim import make_optimizer
@@ -52,6 +53,8 @@ class EngineConfig:
     # Emulation: >1 stretches measured compute time; 1.0 = real speed. Refused on real GPUs.
     slowdown_factor: float = 1.0
     device: str | None = None  # None: cuda if available, else cpu
+    # Non-finite steps skipped (update dropped) before training stops (worker/finite.py).
+    skip_nonfinite_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class StageEngine:
             for i, layer in self.layers.items()
         }
         self.dataset = make_dataset(config.data, config.seed) if self._needs_data else None
+        self.finite_guard = FiniteGuard(config.skip_nonfinite_steps, config.learning_rate)
         self.groups: GradientGroups | None = None
         self.runner: PipelineRunner | None = None
         if self.stretcher.emulated:
@@ -172,6 +176,8 @@ class StageEngine:
         weights = [m / self.config.plan.global_batch_size for m in sizes]
         loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets)
         self.groups.all_reduce(self.layers)
+        # Before any update: a non-finite step is stopped here, or skipped by dropping its grads.
+        self.finite_guard.check(step, loss, self.layers, self.device)
         return loss
 
     def apply_update(self) -> None:
