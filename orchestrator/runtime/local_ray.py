@@ -20,7 +20,9 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 from orchestrator.runtime.local_nodes import descendants
 
@@ -78,19 +80,38 @@ def private_ray_root(base: str | None = None) -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (dead, waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
+
+
 def child_pids() -> set[int]:
-    """Every live process descended from this one."""
-    return set(descendants(os.getpid()))
+    """Every running process descended from this one."""
+    return {pid for pid in descendants(os.getpid()) if _running(pid)}
 
 
-def kill_started(before: Iterable[int]) -> list[int]:
-    """SIGKILL every descendant of this process not in ``before``; returns their pids."""
+def kill_started(before: Iterable[int], wait_s: float = 10.0) -> list[int]:
+    """SIGKILL every descendant of this process not in ``before``; returns their pids.
+
+    Waits (up to ``wait_s``) until they are gone, reaping this process's own children.
+    """
     known = set(before)
     started = sorted(child_pids() - known)
     for pid in started:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-    for pid in started:  # reap our direct children so none is left a zombie
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
+    deadline = time.monotonic() + wait_s
+    left = set(started)
+    while left and time.monotonic() < deadline:
+        for pid in list(left):
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)  # our direct children: reap, so none stays a zombie
+            if not _running(pid):
+                left.discard(pid)
+        if left:
+            time.sleep(0.05)
     return started

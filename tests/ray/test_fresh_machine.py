@@ -114,3 +114,11 @@ def test_local_cluster_beside_another_cluster_keeps_its_address_file(
     assert address_file.read_text() == "10.9.8.7:6379"
     assert result["ray_tmpdir_after"] == str(other)
     assert result["left_running"] == []
+
+
+def test_failed_start_stops_every_process_it_started(tmp_path: Path, fresh_tmpdir: Path) -> None:
+    result = _run_script(tmp_path, _fresh_env(tmp_path, fresh_tmpdir), "--fail-start")
+    assert result["start_error"]  # the head started, the second node did not
+    assert result["left_after_failed_start"] == []
+    assert result["left_running"] == []
+    assert result["ray_tmpdir_after"] is None
