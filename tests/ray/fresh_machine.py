@@ -1,11 +1,11 @@
 """Run as a script with a fresh ``TMPDIR`` and ``HOME``: the demo's local cluster, then commands.
 
-``python fresh_machine.py OUT.json [JOB.yaml PLAN.json | --fail-start]`` starts the demo's local cluster (one
-emulated A100-80 node), and with a job runs ``orchestrator profile`` (default cache) and a
-two-step ``orchestrator run`` against it, each a subprocess with this process's environment.
-With ``--fail-start`` the second node's start fails (after the head's processes started).
-It stops the cluster and writes to OUT.json what happened, including every process it started
-that is still alive afterwards.
+``python fresh_machine.py OUT.json [JOB.yaml PLAN.json | --fail-start]`` starts the demo's
+local cluster (one emulated A100-80 node), and with a job runs ``orchestrator profile``
+(default cache) and a two-step ``orchestrator run`` against it, each a subprocess with this
+process's environment. With ``--fail-start`` the second node's start fails (after the head's
+processes started). It stops the cluster and writes to OUT.json what happened, including every
+process it started that is still alive afterwards.
 """
 
 from __future__ import annotations
