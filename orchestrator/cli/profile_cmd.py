@@ -49,8 +49,13 @@ def run(args: argparse.Namespace) -> int:
             "no output directory", field="--out", fix="pass --out DIR or set profiles: in the job"
         )
     from orchestrator.cli.cache_dir import resolve_profile_cache
+    from orchestrator.cli.run_checks import check_ray_address
 
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir} is a file", field="--out", fix="give a folder for the profiles")
     cache = resolve_profile_cache(args.cache, "--cache")
+    address = args.address or job.cluster.address
+    check_ray_address(address, "--address" if args.address else "cluster.address")
     from orchestrator.runtime.discovery import discover_nodes
     from orchestrator.runtime.jobs import worker_job
     from orchestrator.runtime.profiling import profile_device_types

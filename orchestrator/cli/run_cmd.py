@@ -43,6 +43,17 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps {args.steps} must be >= 1", field="--steps", fix="pass 1 or more")
     port = args.metrics_port if args.metrics_port is not None else job.metrics.port
+    if port is not None and not 0 <= port <= 65535:
+        raise UserError(f"{port} is out of range", field="--metrics-port", fix="use 0..65535")
+    from orchestrator.cli.run_checks import check_job_paths, check_ray_address
+
+    # Before any Ray call: a bad path or address is one line, and nothing has started.
+    check_job_paths(job, args.job, args.plan)
+    from orchestrator.runtime.jobs import worker_job
+    from orchestrator.runtime.validation import validate_model
+
+    validate_model(worker_job(job, args.job), job.model.shape.num_planner_layers)  # factory
+    check_ray_address(job.cluster.address, "--address" if args.address else "cluster.address")
     from orchestrator.runtime.run import run_job
 
     def out(line: str) -> None:

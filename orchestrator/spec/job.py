@@ -87,7 +87,7 @@ class DataSection(BaseModel):
 class JobTrainingSection(TrainingSpec):
     """Planner training settings plus what a run needs: steps, learning rate, seed, schedule."""
 
-    steps: PositiveInt = 100
+    steps: PositiveInt = Field(default=100, le=1_000_000_000)
     learning_rate: PositiveFloat = 3e-4
     seed: int = Field(default=0, ge=0)
     schedule: Schedule = Schedule.ONE_F_ONE_B

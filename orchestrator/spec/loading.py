@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from orchestrator.errors import SpecError
 from orchestrator.spec.cluster import ClusterSpec
 from orchestrator.spec.model import ModelSpec, TrainingSpec
-from orchestrator.spec.plan import Plan
+from orchestrator.spec.plan import PLAN_FORMAT, Plan
 from orchestrator.spec.strict import check_booleans, check_finite, parse_text, read_text
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
@@ -123,4 +123,11 @@ def load_training(path: Path | str | None) -> TrainingSpec:
 
 
 def load_plan(path: Path | str) -> Plan:
-    return load_spec(Plan, path)
+    plan = load_spec(Plan, path)
+    if plan.format != PLAN_FORMAT:
+        raise SpecError(
+            f"{path}: format: unknown format {plan.format!r}; this version reads {PLAN_FORMAT!r}",
+            field="format",
+            fix="write the plan again with `orchestrator plan --out`",
+        )
+    return plan
