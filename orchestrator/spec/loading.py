@@ -45,7 +45,10 @@ def describe_validation_error(exc: ValidationError, source: str) -> str:
         )
     elif first["type"] == "int_from_float":
         msg = f"{first['input']!r} is not a whole number; give an integer"
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    others = len(errors) - 1
+    if first["type"] == "extra_forbidden" and _did_you_mean(first, errors):
+        others -= 1  # the missing field the typo explains is not another problem
+    more = f" (and {others} more)" if others > 0 else ""
     where = f"{source}: {loc}" if loc else source
     return f"{where}: {msg}{more}"
 
