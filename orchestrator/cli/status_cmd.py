@@ -31,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--address",
-        default=DEFAULT_ADDRESS,
-        help=f"the controller's telemetry endpoint, http://HOST:PORT (default {DEFAULT_ADDRESS})",
+        help=f"the controller's telemetry endpoint, http://HOST:PORT (default {DEFAULT_ADDRESS}, "
+        "then the endpoints runs on this machine recorded)",
     )
     parser.add_argument("--json", action="store_true", help="print the status document as JSON")
     parser.add_argument("--events", type=int, default=10, help="how many last events to show")
@@ -86,7 +86,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
     if args.events < 0:
         raise UserError(f"{args.events} is negative", field="--events", fix="give 0 or more")
-    if not args.address.strip():
+    if args.address is not None and not args.address.strip():
         raise UserError("the address is empty", field="--address", fix="give http://HOST:PORT")
 
 
@@ -105,8 +105,23 @@ def fetch_status(address: str, *, timeout_s: float = 5.0) -> dict[str, Any] | No
     return body if isinstance(body, dict) and "state" in body else None
 
 
+def _find_job(timeout_s: float) -> tuple[str, dict[str, Any] | None]:
+    """No --address: the default endpoint, else the newest recorded one that answers."""
+    from orchestrator.telemetry.endpoints import live_endpoints
+
+    for address in [DEFAULT_ADDRESS, *live_endpoints()]:
+        doc = fetch_status(address, timeout_s=timeout_s)
+        if doc is not None:
+            return address, doc
+    return DEFAULT_ADDRESS, None
+
+
 def run_status(args: argparse.Namespace) -> int:
     _check_flags(args)
+    if args.address is None:
+        args.address, found = _find_job(args.timeout_s)
+        if found is not None:
+            return _show(args, found)
     status_url(args.address)  # a malformed address is a mistake (exit 2), not "no job"
     try:
         doc = fetch_status(args.address, timeout_s=args.timeout_s)
@@ -124,6 +139,10 @@ def run_status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_NO_JOB
+    return _show(args, doc)
+
+
+def _show(args: argparse.Namespace, doc: dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
