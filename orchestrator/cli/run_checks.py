@@ -139,3 +139,48 @@ def _writable_dir(path: Path, field: str) -> None:
             field=field,
             fix="give a writable folder",
         ) from None
+
+
+# Ray unpacks `ray job submit --working-dir` into its session's runtime resources, which go away
+# with the session; a checkpoint folder relative to a job file there would go with them.
+_RAY_WORKING_DIR_MARKERS = ("runtime_resources", "working_dir_files")
+CHECKPOINT_ROOT_ENV = "ORCHESTRATOR_CHECKPOINT_ROOT"
+
+
+def in_ray_working_dir(job_file: Path) -> bool:
+    parts = Path(job_file).resolve().parts
+    return all(marker in parts for marker in _RAY_WORKING_DIR_MARKERS)
+
+
+def stable_checkpoints(job: JobSpec, job_file: Path) -> JobSpec:
+    """``job`` with a checkpoint folder that outlives the Ray session (see docs/job.md).
+
+    A relative ``checkpoint.dir`` of a job file inside Ray's unpacked working directory moves to
+    ``$ORCHESTRATOR_CHECKPOINT_ROOT/<job name>/<dir>`` (default root
+    ``~/orchestrator-checkpoints``); elsewhere, and for absolute folders, nothing changes.
+    """
+    ckpt = job.checkpoint
+    if ckpt is None or Path(ckpt.dir).is_absolute() or not in_ray_working_dir(job_file):
+        return job
+    root = Path(os.environ.get(CHECKPOINT_ROOT_ENV) or Path.home() / "orchestrator-checkpoints")
+    stable = (root / job.name / ckpt.dir).resolve()
+    return job.model_copy(update={"checkpoint": ckpt.model_copy(update={"dir": str(stable)})})
+
+
+def describe_checkpoints(job: JobSpec, job_file: Path, elastic: bool) -> str:
+    """The line ``run`` prints about where checkpoints go."""
+    from orchestrator.spec.job import DEFAULT_CHECKPOINT_INTERVAL_STEPS
+
+    ckpt = job.checkpoint
+    if ckpt is None:
+        if elastic:
+            return (
+                f"checkpoints: in memory only, every {DEFAULT_CHECKPOINT_INTERVAL_STEPS} steps "
+                "(set checkpoint.dir to keep them on disk)"
+            )
+        return "checkpoints: none (set checkpoint.dir to save them)"
+    where = job.resolve_path(ckpt.dir, job_file).resolve()
+    every = (
+        f"every {ckpt.interval_steps} steps and at the end" if ckpt.interval_steps else "at the end"
+    )
+    return f"checkpoints: {where} ({every})"

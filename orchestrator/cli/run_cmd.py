@@ -54,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
 
     validate_model(worker_job(job, args.job), job.model.shape.num_planner_layers)  # factory
     check_ray_address(job.cluster.address, "--address" if args.address else "cluster.address")
+    from orchestrator.cli.run_checks import describe_checkpoints, stable_checkpoints
+
+    job = stable_checkpoints(job, args.job)
+    elastic = args.plan is None and job.plan is None
+    print(describe_checkpoints(job, args.job, elastic), flush=True)
     from orchestrator.runtime.run import run_job
 
     def out(line: str) -> None:

@@ -100,13 +100,18 @@ class JobTrainingSection(TrainingSpec):
         return TrainingSpec.model_validate(self.model_dump(include=set(TrainingSpec.model_fields)))
 
 
+# Checkpoint interval when the job does not set one (docs/job.md): frequent enough that a crash
+# loses little, rare enough that saving costs little on a long run.
+DEFAULT_CHECKPOINT_INTERVAL_STEPS = 50
+
+
 class CheckpointSection(BaseModel):
     """Where layer-indexed checkpoints go and how often (0 = only at the end)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     dir: str = Field(min_length=1)
-    interval_steps: int = Field(default=0, ge=0)
+    interval_steps: int = Field(default=DEFAULT_CHECKPOINT_INTERVAL_STEPS, ge=0)
     resume: bool = True
 
 

@@ -29,7 +29,7 @@ from orchestrator.runtime.actor import WorkerJob
 from orchestrator.runtime.elastic.checkpoints import DirCheckpointStore, MemoryCheckpointStore
 from orchestrator.runtime.elastic.group_port import ELASTIC_GROUP_OPTIONS, RayWorkerGroupPort
 from orchestrator.runtime.elastic.probe import RayClusterProbe
-from orchestrator.spec.job import JobSpec
+from orchestrator.spec.job import DEFAULT_CHECKPOINT_INTERVAL_STEPS, JobSpec
 from orchestrator.spec.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,11 @@ def build_session(
     hook too (an exporter of the caller's, say)."""
     job = spec.job
     job_file = Path(spec.job_file)
-    interval = job.checkpoint.interval_steps if job.checkpoint else 0
+    # Without a checkpoint section, snapshots are still taken (in memory, by the driver): a
+    # crash of a plan without replicas then resumes from the last one, not from step 0.
+    interval = (
+        job.checkpoint.interval_steps if job.checkpoint else DEFAULT_CHECKPOINT_INTERVAL_STEPS
+    )
     config = job.elasticity.to_config(
         total_steps=spec.total_steps, checkpoint_interval_steps=interval
     )
