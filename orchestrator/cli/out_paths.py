@@ -43,6 +43,25 @@ def check_output_file(path: Path, flag: str) -> None:
     os.unlink(tmp)
 
 
+def check_output_dir(path: Path, flag: str) -> None:
+    """Refuse ``path`` as an output folder unless it is, or can become, a writable folder."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(
+            f"{probe} is a file, so {path} cannot be a folder", field=flag, fix="give a folder"
+        )
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".orchestrator-probe-", dir=probe))
+    except OSError as exc:
+        raise UserError(
+            f"cannot create folders in {probe}: {exc.strerror or exc}",
+            field=flag,
+            fix="give a writable location",
+        ) from None
+
+
 class AllOrNothing:
     """Stage outputs next to their targets; :meth:`commit` renames all, else none is left."""
 
