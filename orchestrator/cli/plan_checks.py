@@ -11,8 +11,9 @@ from orchestrator.errors import SpecError
 
 
 def check_plan_fits(plan: Any, cluster: Any, model: Any, training: Any | None) -> None:
-    """Batch sizes agree with a training file (None: none given); tp fits the nodes and divides
-    the heads; pinned nodes are of the stage's device type."""
+    """The global batch agrees with a training file (None: none given); tp fits the nodes and
+    divides the heads; pinned nodes are of the stage's device type. (A replica batch below the
+    microbatch size is not a mistake: that replica runs one smaller microbatch.)"""
     if training is not None and plan.global_batch_size != training.global_batch_size:
         raise SpecError(
             f"the plan's global_batch_size ({plan.global_batch_size}) differs from the "
@@ -25,13 +26,6 @@ def check_plan_fits(plan: Any, cluster: Any, model: Any, training: Any | None) -
         name = node.device_type.name
         max_devices[name] = max(max_devices.get(name, 0), node.num_devices)
     for r, rep in enumerate(plan.replicas):
-        if plan.microbatch_size > rep.batch_size:
-            raise SpecError(
-                f"microbatch_size {plan.microbatch_size} is larger than replica {r}'s batch "
-                f"({rep.batch_size})",
-                field="plan.microbatch_size",
-                fix="use a microbatch no larger than the smallest replica batch",
-            )
         for s, stage in enumerate(rep.stages):
             where = f"plan.replicas[{r}].stages[{s}]"
             if model.num_heads % stage.tp:

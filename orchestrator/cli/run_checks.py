@@ -90,13 +90,6 @@ def check_job_paths(job: JobSpec, job_file: Path, plan_file: Path | None) -> Non
                 field=field,
                 fix="make them equal, or re-plan for this job",
             )
-        if plan.microbatch_size > min(r.batch_size for r in plan.replicas):
-            raise UserError(
-                f"microbatch_size {plan.microbatch_size} is larger than a replica's batch "
-                f"({min(r.batch_size for r in plan.replicas)})",
-                field=f"{field}: microbatch_size",
-                fix="use a microbatch no larger than the smallest replica batch",
-            )
     if job.profiles is not None:
         path = job.resolve_path(job.profiles, job_file)
         if not path.exists():
