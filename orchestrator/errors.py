@@ -52,3 +52,19 @@ class TransientError(OrchestratorError):
 
 class PermanentError(OrchestratorError):
     """A failure that retrying will not fix (failure budget spent, corrupt state)."""
+
+
+class NonFiniteStepError(PermanentError):
+    """Training produced a non-finite loss or gradient norm; the step was not applied.
+
+    Raised on every rank alike (they agree through one all-reduce), before the optimizer update,
+    so no weight, optimizer state or checkpoint ever holds the non-finite values. Exit code 3 at
+    the command line.
+    """
+
+    def __init__(self, message: str, step: int = -1) -> None:
+        super().__init__(message)
+        self.step = step
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.step))

@@ -38,16 +38,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--profile-cache",
         type=Path,
-        default=Path.home() / ".cache" / "orchestrator" / "profiles",
-        help="profile cache directory (the same as `orchestrator profile`'s)",
+        help="profile cache directory (the same as `orchestrator profile`'s; default "
+        "~/.cache/orchestrator/profiles, or a temp folder when that cannot be written)",
     )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from orchestrator.cli.cache_dir import resolve_profile_cache
     from orchestrator.demo.scenario import DemoScenario
 
     scenario = DemoScenario(steps=args.steps, seed=args.seed, failure=not args.no_failure)
+    profile_cache = resolve_profile_cache(args.profile_cache, "--profile-cache")
     keep = args.workdir is not None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="orchestrator-demo-"))
     from orchestrator.demo.output import DemoOutput
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     # A SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process the demo started.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        summary = run_demo(scenario, workdir.resolve(), output, args.profile_cache)
+        summary = run_demo(scenario, workdir.resolve(), output, profile_cache)
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli.output import write_atomic
 from orchestrator.errors import SpecError
 
 GiB = 1024**3
@@ -67,7 +66,9 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     cluster = load_cluster(args.cluster).resolve()
     model = load_model(args.model)
     training = load_training(args.training)
-    profiles = ProfileSet.load(args.profiles)
+    from orchestrator.cli.profile_filter import profiles_for_model
+
+    profiles = profiles_for_model(args.profiles, model) if args.profiles else ProfileSet()
     if not args.no_builtin_profiles:
         profiles = ProfileSet([*_builtin_profiles(model.name).files, *profiles.files])
     return cluster, model, training, profiles
@@ -104,14 +105,29 @@ def run_plan(args: argparse.Namespace) -> int:
         raise SpecError(
             f"cannot draw to {args.picture.name}", field="--picture", fix="use a .svg or .png name"
         )
+    from orchestrator.cli.out_paths import AllOrNothing, check_output_file
+
+    # Checked before any work; then both files are written, or neither is.
+    if args.out:
+        check_output_file(args.out, "--out")
+    if args.picture:
+        check_output_file(args.picture, "--picture")
     cluster, model, training, profiles = _inputs(args)
     result = make_plan(cluster, model, training, profiles)
-    if args.out:
-        write_atomic(args.out, result.plan.to_json())
-    if args.picture:
-        from orchestrator.cli.picture import draw_step
+    outputs = AllOrNothing()
+    try:
+        if args.picture:
+            from orchestrator.cli.picture import draw_step
 
-        draw_step(result.plan, result.estimate, args.picture, title=f"{model.name}: one step")
+            title = f"{model.name}: one step"
+            outputs.stage(
+                args.picture, lambda tmp: draw_step(result.plan, result.estimate, tmp, title=title)
+            )
+        if args.out:
+            outputs.stage(args.out, lambda tmp: tmp.write_text(result.plan.to_json()))
+        outputs.commit()
+    finally:
+        outputs.discard()
     if args.json:
         out = {
             "plan": json.loads(result.plan.to_json()),  # the written form
@@ -143,6 +159,9 @@ def run_estimate(args: argparse.Namespace) -> int:
 
     cluster, model, training, profiles = _inputs(args)
     plan = load_plan(args.plan)
+    from orchestrator.cli.plan_checks import check_plan_fits
+
+    check_plan_fits(plan, cluster, model, training if args.training is not None else None)
     plan.check_against(model.num_planner_layers, cluster.device_counts)
     plan.check_layouts(model.num_heads, model.ffn_size, cluster.max_devices_per_node)
     for r, rep in enumerate(plan.replicas):

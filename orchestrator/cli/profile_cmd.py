@@ -12,8 +12,6 @@ from pathlib import Path
 
 from orchestrator.runtime.jobs import load_job
 
-DEFAULT_CACHE = Path.home() / ".cache" / "orchestrator" / "profiles"
-
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
@@ -26,7 +24,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("job", type=Path, help="job spec (YAML or JSON)")
     parser.add_argument("--out", type=Path, help="output directory (default: the job's profiles)")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="profile cache directory")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        help="profile cache directory (default ~/.cache/orchestrator/profiles, or a temp folder "
+        "when that cannot be written)",
+    )
     parser.add_argument("--force", action="store_true", help="measure again even if cached")
     parser.add_argument("--address", help="Ray cluster address (overrides cluster.address)")
     parser.set_defaults(func=run)
@@ -44,6 +47,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(
             "no output directory", field="--out", fix="pass --out DIR or set profiles: in the job"
         )
+    from orchestrator.cli.cache_dir import resolve_profile_cache
+    from orchestrator.cli.run_checks import check_ray_address
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir} is a file", field="--out", fix="give a folder for the profiles")
+    cache = resolve_profile_cache(args.cache, "--cache")
+    address = args.address or job.cluster.address
+    check_ray_address(address, "--address" if args.address else "cluster.address")
     from orchestrator.runtime.discovery import connect, discover_nodes
     from orchestrator.runtime.jobs import worker_job
     from orchestrator.runtime.profiling import profile_device_types
@@ -57,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         discover_nodes(),
         job.training.microbatch_sizes,
         out_dir,
-        args.cache,
+        cache,
         force=args.force,
         out=lambda line: print(line, flush=True),
     )

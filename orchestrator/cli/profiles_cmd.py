@@ -8,9 +8,10 @@ import succeeded, each to a temporary name first.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import SpecError
 
@@ -161,6 +162,9 @@ def run_import(args: argparse.Namespace) -> int:
         raise SpecError(f"no such file or directory: {src}", field="SRC", fix="check the path")
     if out.exists() and not out.is_dir():
         raise SpecError(f"{out} exists and is not a folder", field="--out", fix="pass a folder")
+    from orchestrator.cli.out_paths import check_output_dir
+
+    check_output_dir(out, "--out")
     seq = _positive_int(args.sequence_length, "--sequence-length")
     layers = _positive_int(args.num_layers, "--num-layers")
     mbs = _int_list(args.microbatch_sizes, "--microbatch-sizes")
@@ -203,7 +207,7 @@ def run_import(args: argparse.Namespace) -> int:
         )
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    written = write_profiles(result.profiles, out)
+    written = _write_all_or_nothing(result.profiles, out, write_profiles)
     print(f"wrote {len(written)} profile(s) under {out}:")
     for path, profile in zip(
         written, sorted(result.profiles, key=lambda p: (p.model, p.device_type)), strict=True
@@ -215,3 +219,24 @@ def run_import(args: argparse.Namespace) -> int:
             f"microbatch={','.join(map(str, sizes))} tp={','.join(map(str, tps))}"
         )
     return 0
+
+
+def _write_all_or_nothing(profiles: Any, out: Path, write: Any) -> list[Path]:
+    """Write every profile into a staging folder beside ``out``, then rename them into place:
+    a failure while writing leaves ``out`` as it was."""
+    import shutil
+    import tempfile
+
+    anchor = out
+    while not anchor.exists():
+        anchor = anchor.parent
+    staging = Path(tempfile.mkdtemp(prefix=".orchestrator-import-", dir=anchor))
+    try:
+        staged = write(profiles, staging)
+        final = [out / p.relative_to(staging) for p in staged]
+        for src, dst in zip(staged, final, strict=True):
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+        return final
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

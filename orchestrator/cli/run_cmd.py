@@ -29,16 +29,39 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from orchestrator.cli.run_checks import (
+        check_job_paths,
+        check_ray_address,
+        describe_checkpoints,
+        stable_checkpoints,
+    )
+    from orchestrator.errors import UserError
     from orchestrator.runtime.elastic.controller_actor import RunFailedError, run_elastic
     from orchestrator.runtime.elastic.session import JOB_METRICS_PORT, ElasticJob
+    from orchestrator.runtime.jobs import load_job, worker_job
+    from orchestrator.runtime.validation import validate_model
 
-    spec = ElasticJob.from_file(
+    job = load_job(args.job)
+    if args.address:
+        job = job.model_copy(
+            update={"cluster": job.cluster.model_copy(update={"address": args.address})}
+        )
+    port = args.metrics_port if args.metrics_port is not None else job.metrics.port
+    if port is not None and not 0 <= port <= 65535:
+        raise UserError(f"{port} is out of range", field="--metrics-port", fix="use 0..65535")
+    # Before any Ray call: a bad path, factory or address is one line, and nothing has started.
+    check_job_paths(job, args.job, args.plan)
+    validate_model(worker_job(job, args.job), job.model.shape.num_planner_layers)
+    check_ray_address(job.cluster.address, "--address" if args.address else "cluster.address")
+    job = stable_checkpoints(job, args.job)
+    spec = ElasticJob.from_spec(
+        job,
         args.job,
-        address=args.address,
         plan_file=args.plan,
         steps=args.steps,
         metrics_port=args.metrics_port if args.metrics_port is not None else JOB_METRICS_PORT,
     )
+    print(describe_checkpoints(job, args.job), flush=True)
 
     def out(line: str) -> None:
         print(line, flush=True)

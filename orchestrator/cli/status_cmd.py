@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 import urllib.error
@@ -30,12 +31,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--address",
-        default=DEFAULT_ADDRESS,
-        help=f"the controller's telemetry endpoint, http://HOST:PORT (default {DEFAULT_ADDRESS})",
+        help=f"the controller's telemetry endpoint, http://HOST:PORT (default {DEFAULT_ADDRESS}, "
+        "then the endpoints runs on this machine recorded)",
     )
     parser.add_argument("--json", action="store_true", help="print the status document as JSON")
     parser.add_argument("--events", type=int, default=10, help="how many last events to show")
-    parser.add_argument("--timeout-s", type=float, default=5.0, help="connection timeout")
+    parser.add_argument(
+        "--timeout-s", type=float, default=5.0, help="connection timeout in seconds (default 5)"
+    )
     parser.set_defaults(func=run_status)
 
 
@@ -54,7 +57,37 @@ def status_url(address: str) -> str:
     for suffix in ("/metrics", "/v1/status"):
         if address.endswith(suffix):
             address = address[: -len(suffix)]
+    _check_host_port(address.split("://", 1)[1])
     return f"{address}/v1/status"
+
+
+def _check_host_port(netloc: str) -> None:
+    """``host[:port]`` with a port 1..65535, else a one-line error naming --address."""
+    netloc = netloc.split("/", 1)[0]
+    host, sep, port = netloc.rpartition(":")
+    if not sep:
+        host, port = netloc, ""
+    if not host:
+        raise UserError(f"{netloc!r} has no host", field="--address", fix="give http://HOST:PORT")
+    if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise UserError(
+            f"port {port!r} is not a number in 1..65535",
+            field="--address",
+            fix="give http://HOST:PORT, e.g. http://127.0.0.1:9400",
+        )
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    if not math.isfinite(args.timeout_s) or args.timeout_s <= 0:
+        raise UserError(
+            f"{args.timeout_s} is not a positive number of seconds",
+            field="--timeout-s",
+            fix="give e.g. --timeout-s 5",
+        )
+    if args.events < 0:
+        raise UserError(f"{args.events} is negative", field="--events", fix="give 0 or more")
+    if args.address is not None and not args.address.strip():
+        raise UserError("the address is empty", field="--address", fix="give http://HOST:PORT")
 
 
 def fetch_status(address: str, *, timeout_s: float = 5.0) -> dict[str, Any] | None:
@@ -72,11 +105,28 @@ def fetch_status(address: str, *, timeout_s: float = 5.0) -> dict[str, Any] | No
     return body if isinstance(body, dict) and "state" in body else None
 
 
+def _find_job(timeout_s: float) -> tuple[str, dict[str, Any] | None]:
+    """No --address: the default endpoint, else the newest recorded one that answers."""
+    from orchestrator.telemetry.endpoints import live_endpoints
+
+    for address in [DEFAULT_ADDRESS, *live_endpoints()]:
+        doc = fetch_status(address, timeout_s=timeout_s)
+        if doc is not None:
+            return address, doc
+    return DEFAULT_ADDRESS, None
+
+
 def run_status(args: argparse.Namespace) -> int:
+    _check_flags(args)
+    if args.address is None:
+        args.address, found = _find_job(args.timeout_s)
+        if found is not None:
+            return _show(args, found)
+    status_url(args.address)  # a malformed address is a mistake (exit 2), not "no job"
     try:
         doc = fetch_status(args.address, timeout_s=args.timeout_s)
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace").strip()
+        detail = _error_detail(exc)
         print(
             f"orchestrator status: the job at {args.address} answered HTTP {exc.code}: {detail}",
             file=sys.stderr,
@@ -89,6 +139,10 @@ def run_status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_NO_JOB
+    return _show(args, doc)
+
+
+def _show(args: argparse.Namespace, doc: dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
@@ -96,6 +150,17 @@ def run_status(args: argparse.Namespace) -> int:
 
     render_status(doc, Console(), max_events=args.events)
     return 0
+
+
+def _error_detail(exc: urllib.error.HTTPError) -> str:
+    """The server's one-line JSON ``error``, else the status reason (never an HTML page)."""
+    try:
+        body = json.loads(exc.read())
+    except (ValueError, OSError):
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return body["error"].splitlines()[0] if body["error"] else str(exc.reason)
+    return str(exc.reason)
 
 
 def _fmt(value: Any, spec: str = ".3g", unit: str = "") -> str:

@@ -15,13 +15,18 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS, crash_node
+from orchestrator.runtime.local_ray import (
+    PrivateRayEnv,
+    child_pids,
+    kill_started,
+    make_private_root,
+)
 from orchestrator.spec.labels import DEVICE_TYPE_LABEL, EMULATED_SPEED_LABEL
 
 # Each node's object store; Ray's default (30% of RAM per node) would reserve far too much.
@@ -57,13 +62,29 @@ class LocalCluster:
     def __init__(self, temp_root: str | None = None) -> None:
         self.nodes: list[ClusterNode] = []
         self._cluster: Any = None
-        # Short: Ray's Unix socket paths live under it and are limited to ~100 bytes.
-        self.temp_dir = tempfile.mkdtemp(prefix="orc", dir=temp_root or "/tmp")
+        # A private Ray root (runtime/local_ray.py): short, since Ray's Unix socket paths live
+        # under it, and this cluster's own, so its address file never meets another cluster's.
+        self.temp_dir = make_private_root(temp_root)
+        self._env: PrivateRayEnv | None = None
         self.address = ""
 
     def start(self, kinds: Sequence[NodeKind]) -> None:
-        """Start the head (no CPUs: it holds no work) and one node per entry of ``kinds``."""
+        """Start the head (no CPUs: it holds no work) and one node per entry of ``kinds``.
+
+        On any failure every process started here is killed (by pid) before the error goes on.
+        """
         os.environ.update(FAST_HEALTH_CHECKS)  # node processes inherit it
+        self._env = PrivateRayEnv(self.temp_dir)
+        before = child_pids()
+        try:
+            self._start(kinds)
+        except BaseException:
+            self._cluster = None
+            kill_started(before)
+            self._env.restore()
+            raise
+
+    def _start(self, kinds: Sequence[NodeKind]) -> None:
         from ray.cluster_utils import Cluster
 
         self._cluster = Cluster(
@@ -120,8 +141,10 @@ class LocalCluster:
                     self._cluster.remove_node(node.handle, allow_graceful=False)
                 node.alive = False
             with contextlib.suppress(Exception):
-                self._cluster.shutdown()
+                self._cluster.shutdown()  # removes the address file in our private root
             self._cluster = None
+        if self._env is not None:
+            self._env.restore()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 

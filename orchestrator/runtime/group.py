@@ -26,7 +26,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.control.ports import WorkerLost
-from orchestrator.errors import UserError
+from orchestrator.errors import NonFiniteStepError, UserError
 from orchestrator.runtime.actor import WorkerActor, WorkerJob
 from orchestrator.runtime.discovery import (
     RayNode,
@@ -282,7 +282,7 @@ class WorkerGroup:
         detail = f"rank {rank}: {type(exc).__name__}"
         self._raise_lost(phase, detail, also=(rank,) if isinstance(exc, RayActorError) else ())
         cause = getattr(exc, "cause", None) or exc
-        if isinstance(cause, UserError):
+        if isinstance(cause, UserError | NonFiniteStepError):  # the same on every rank
             raise cause from None
         raise WorkerFailedError(phase, rank, f"{type(cause).__name__}: {cause}") from exc
 

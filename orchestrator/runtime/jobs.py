@@ -62,6 +62,7 @@ def worker_job(job: JobSpec, job_file: Path | str) -> WorkerJob:
         extra={
             "recipe": optimizer_recipe(job),
             "precision": job.training.runtime_precision.value,
+            "skip_nonfinite_steps": job.training.skip_nonfinite_steps,
         },
     )
 

@@ -19,6 +19,8 @@ from orchestrator.spec.devices import DeviceCatalog, DeviceType
 # 100 Gb/s Ethernet, the common cloud default between GPU nodes (e.g. AWS p4d has 4x100 Gb/s EFA;
 # a single 100 Gb/s NIC is the conservative figure): 12.5 GB/s.
 DEFAULT_INTER_NODE_BANDWIDTH_BYTES_PER_S = 12.5e9
+MAX_NODES_PER_GROUP = 4096
+MAX_DEVICES_PER_NODE = 64
 
 
 class NodeGroupSpec(BaseModel):
@@ -28,8 +30,10 @@ class NodeGroupSpec(BaseModel):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     device_type: str = Field(min_length=1)
-    num_nodes: PositiveInt
-    devices_per_node: PositiveInt
+    # Upper bounds: far above any cluster the planner is meant for, low enough that a typo
+    # (1e9 nodes) is refused at once instead of taking minutes or all memory.
+    num_nodes: PositiveInt = Field(le=MAX_NODES_PER_GROUP)
+    devices_per_node: PositiveInt = Field(le=MAX_DEVICES_PER_NODE)
     intra_node_bandwidth_bytes_per_s: PositiveFloat | None = None
     # The node's network bandwidth, shared by its devices; a link between two nodes runs at the
     # slower of the two nodes' values.
@@ -59,6 +63,10 @@ class ClusterSpec(BaseModel):
         dupes = sorted(n for n, c in counts.items() if c > 1)
         if dupes:
             raise ValueError(f"node group names must be unique; repeated: {', '.join(dupes)}")
+        counts = Counter(d.name for d in self.device_types)
+        dupes = sorted(n for n, c in counts.items() if c > 1)
+        if dupes:
+            raise ValueError(f"device type names must be unique; repeated: {', '.join(dupes)}")
         return self
 
     def catalog(self) -> DeviceCatalog:

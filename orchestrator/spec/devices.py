@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 GiB = 1024**3
 GB = 1000**3
@@ -49,6 +49,20 @@ class DeviceType(BaseModel):
     # PyTorch 2.x (torch.cuda.memory_reserved minus allocated after warm-up); smaller parts less.
     framework_overhead_bytes: int = Field(default=int(1.5 * GiB), ge=0)
     description: str = ""
+
+    @model_validator(mode="after")
+    def _complete_and_consistent(self) -> DeviceType:
+        if Dtype.FP32 not in self.peak_flops_per_s:  # the rate that stands in for the others
+            raise ValueError(
+                "peak_flops_per_s lacks fp32; give at least the fp32 rate (fp16 and bf16 "
+                "default to it)"
+            )
+        if self.framework_overhead_bytes >= self.memory_bytes:
+            raise ValueError(
+                f"framework_overhead_bytes ({self.framework_overhead_bytes}) is not below "
+                f"memory_bytes ({self.memory_bytes}); nothing would be left for the model"
+            )
+        return self
 
     def flops_per_s(self, dtype: Dtype) -> float:
         """Peak dense FLOP/s for ``dtype``, falling back to fp32 where the part lists no rate."""

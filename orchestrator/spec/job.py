@@ -175,7 +175,7 @@ class LrDecay(StrEnum):
 class JobTrainingSection(TrainingSpec):
     """Planner training settings plus what a run needs: steps, learning rate, seed, schedule."""
 
-    steps: PositiveInt = 100
+    steps: PositiveInt = Field(default=100, le=1_000_000_000)
     learning_rate: PositiveFloat = 3e-4
     seed: int = Field(default=0, ge=0)
     schedule: Schedule = Schedule.ONE_F_ONE_B
@@ -187,10 +187,18 @@ class JobTrainingSection(TrainingSpec):
     lr_decay_steps: PositiveInt | None = None
     min_learning_rate: float = Field(default=0.0, ge=0.0)
     grad_clip_norm: PositiveFloat | None = None
+    # Steps with a non-finite loss or gradient norm that may be skipped (their update dropped)
+    # before training stops with an error; 0: stop at the first (docs/job.md).
+    skip_nonfinite_steps: int = Field(default=0, ge=0, le=1000)
 
     def planner_spec(self) -> TrainingSpec:
         """The part the planner and cost model read."""
         return TrainingSpec.model_validate(self.model_dump(include=set(TrainingSpec.model_fields)))
+
+
+# Checkpoint interval when the job does not set one (docs/job.md): frequent enough that a crash
+# loses little, rare enough that saving costs little on a long run.
+DEFAULT_CHECKPOINT_INTERVAL_STEPS = 50
 
 
 class CheckpointSection(BaseModel):
@@ -199,7 +207,7 @@ class CheckpointSection(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     dir: str = Field(min_length=1)
-    interval_steps: int = Field(default=0, ge=0)
+    interval_steps: int = Field(default=DEFAULT_CHECKPOINT_INTERVAL_STEPS, ge=0)
     resume: bool = True
 
 

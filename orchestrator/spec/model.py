@@ -42,12 +42,13 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(min_length=1)
-    num_layers: PositiveInt
-    hidden_size: PositiveInt
-    num_heads: PositiveInt
-    ffn_hidden_size: PositiveInt | None = None
-    sequence_length: PositiveInt
-    vocab_size: PositiveInt
+    # Upper bounds: beyond any model trained today; a typo (1e9 layers) is refused at once.
+    num_layers: PositiveInt = Field(le=1024)
+    hidden_size: PositiveInt = Field(le=131072)
+    num_heads: PositiveInt = Field(le=1024)
+    ffn_hidden_size: PositiveInt | None = Field(default=None, le=1048576)
+    sequence_length: PositiveInt = Field(le=1048576)
+    vocab_size: PositiveInt = Field(le=4194304)
     dtype: Dtype = Dtype.BF16
     # The head reuses the token embedding matrix (GPT-2, GPT-Neo): it then owns only its LayerNorm.
     tie_embeddings: bool = False
@@ -174,8 +175,8 @@ class TrainingSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    global_batch_size: PositiveInt = 64
-    microbatch_sizes: list[PositiveInt] = Field(default=[1, 2, 4, 8], min_length=1)
+    global_batch_size: PositiveInt = Field(default=64, le=1 << 24)
+    microbatch_sizes: list[PositiveInt] = Field(default=[1, 2, 4, 8], min_length=1, max_length=16)
     optimizer: Optimizer = Optimizer.ADAM
     # Mixed precision keeps fp32 master weights beside 16-bit working copies (Micikevicius et al.
     # 2018); off means everything in the model's dtype.

@@ -96,6 +96,7 @@ class ProfileSet:
     def load(cls, paths: list[Path] | tuple[Path, ...]) -> ProfileSet:
         """Read every ``*.json`` profile under the given files or directories."""
         files: list[ProfileFile] = []
+        sources: list[Path] = []
         for root in paths:
             if not root.exists():
                 raise SpecError(
@@ -104,17 +105,50 @@ class ProfileSet:
                     fix="pass a directory from `orchestrator profiles import` or the profiler",
                 )
             candidates = sorted(root.rglob("*.json")) if root.is_dir() else [root]
+            if not candidates:
+                raise SpecError(
+                    f"no profile files (*.json) in {root}",
+                    field="--profiles",
+                    fix="pass a directory from `orchestrator profiles import` or the profiler",
+                )
             for path in candidates:
                 files.append(read_profile(path))
+                sources.append(path)
+        _refuse_conflicts(files, sources)
         return cls(files)
+
+
+def _refuse_conflicts(files: list[ProfileFile], sources: list[Path]) -> None:
+    """Two files measuring the same (model, device type, microbatch, tp) cannot both be right."""
+    seen: dict[tuple[str, str, int, int], Path] = {}
+    for profile, path in zip(files, sources, strict=True):
+        for entry in profile.entries:
+            key = (profile.model, profile.device_type, entry.microbatch_size, entry.tp)
+            if key in seen and seen[key] != path:
+                raise SpecError(
+                    f"two profiles of {profile.model} on {profile.device_type} (microbatch "
+                    f"{entry.microbatch_size}, tp {entry.tp}): {seen[key]} and {path}",
+                    field="--profiles",
+                    fix="keep one of them",
+                )
+            seen[key] = path
 
 
 def read_profile(path: Path) -> ProfileFile:
     """Parse and validate one profile file, with a one-line error naming the field."""
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(f"cannot read profile {path}: {exc}", field=str(path)) from None
+    from orchestrator.spec.strict import check_booleans, check_finite, parse_text, read_text
+
+    raw = parse_text(read_text(path, "profile"), str(path), json_only=True)
+    check_finite(raw, str(path))
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    check_booleans(ProfileFile, raw, str(path))
+    if raw.get("format", PROFILE_FORMAT) != PROFILE_FORMAT:
+        raise SpecError(
+            f"{path}: unknown format {raw.get('format')!r}; this version reads {PROFILE_FORMAT!r}",
+            field="format",
+            fix="re-import or re-measure the profile with this version",
+        )
     try:
         return ProfileFile.model_validate(raw)
     except ValidationError as exc:

@@ -16,17 +16,20 @@ A failing status provider or handler answers 500 with its message; it never stop
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from orchestrator.errors import UserError
+from orchestrator.telemetry import endpoints
 from orchestrator.telemetry.auth import TokenCheck, token_check_from_env
 from orchestrator.telemetry.node_events import NodeEvent, parse_node_event
 
@@ -69,6 +72,7 @@ class TelemetryServer:
         self._port = port
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._record: Path | None = None
 
     @property
     def port(self) -> int:
@@ -91,6 +95,12 @@ class TelemetryServer:
         try:
             self._httpd = ThreadingHTTPServer((self._host, self._port), handler)
         except OSError as exc:
+            if self._port == DEFAULT_PORT and exc.errno == errno.EADDRINUSE:
+                # Another run on this machine has the default: serve on a free port instead
+                # (the URL is printed and recorded for `orchestrator status`).
+                log.warning("port %d is taken; serving telemetry on a free port", self._port)
+                self._port = 0
+                return self.start()
             raise UserError(
                 f"cannot listen on {self._host}:{self._port}: {exc.strerror or exc}",
                 field="metrics port",
@@ -101,6 +111,7 @@ class TelemetryServer:
             target=self._httpd.serve_forever, name="orchestrator-telemetry", daemon=True
         )
         self._thread.start()
+        self._record = endpoints.record(self.url, self.port)
         log.info("telemetry server listening", extra={"data": {"url": self.url}})
         return self
 
@@ -108,6 +119,8 @@ class TelemetryServer:
         """Stop serving and release the port."""
         if self._httpd is None:
             return
+        endpoints.forget(self._record)
+        self._record = None
         self._httpd.shutdown()
         self._httpd.server_close()
         if self._thread is not None:

@@ -28,6 +28,7 @@ from orchestrator.worker import sharding, tensor_parallel, topology
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.dropout import sample_streams
 from orchestrator.worker.emulation import Stretcher
+from orchestrator.worker.finite import FiniteGuard
 from orchestrator.worker.grad_sync import OverlappedGradSync
 from orchestrator.worker.groups import GradientGroups, backend_for_device, init_world
 from orchestrator.worker.model_api import LayeredModel, build_model, check_layer_count
@@ -72,7 +73,6 @@ class EngineConfig:
     device: str | None = None  # None: cuda if available, else cpu
     # Weight decay, schedule, clipping; None: ``optimizer`` at a constant ``learning_rate``.
     recipe: OptimizerRecipe | None = None
-
     # fp32, or bf16/fp16 compute over fp32 master weights (worker/precision.py).
     precision: str = Precision.FP32.value
     # TF32 for fp32 matmuls on GPUs that have it (Ampere and later); no effect on the CPU.
@@ -82,6 +82,8 @@ class EngineConfig:
     # one blocking all-reduce per group after the backward.
     overlap_grad_reduce: bool = True
     grad_bucket_mb: float = 25.0
+    # Non-finite steps skipped (update dropped) before training stops (worker/finite.py).
+    skip_nonfinite_steps: int = 0
 
     @property
     def optimizer_recipe(self) -> OptimizerRecipe:
@@ -162,7 +164,9 @@ class StageEngine:
         self.recipe = config.optimizer_recipe
         self.optimizers = self._make_optimizers()
         self._step = 0
+        self._skip_update = False
         self.dataset = make_dataset(config.data, config.seed) if self._needs_data else None
+        self.finite_guard = FiniteGuard(config.skip_nonfinite_steps, config.learning_rate)
         self.groups: GradientGroups | None = None
         self.tied: TiedGradients | None = None
         self.grad_sync: OverlappedGradSync | None = None
@@ -276,11 +280,16 @@ class StageEngine:
             self.groups.all_reduce(self.layers)
         if self.tied is not None:
             self.tied.all_reduce(self.layers)
-        if self.sharding is not None:
-            self.sharding.after_backward(self.layers)
         if self.scaling is not None:
             self.scaling.settle(self._grads(), self.device)
-        if self.recipe.grad_clip_norm is not None:
+        self._skip_update = False
+        if self.scaling is None or not self.scaling.overflowed:  # fp16 overflow: skipped below
+            # Before any update: a non-finite step is stopped here, or skipped (its gradients
+            # dropped and no optimizer stepped, so weights and optimizer state stay as they are).
+            self._skip_update = not self.finite_guard.check(step, loss, self.layers, self.device)
+        if self.sharding is not None and not self._skip_update:
+            self.sharding.after_backward(self.layers)
+        if self.recipe.grad_clip_norm is not None and not self._skip_update:
             # Gradients are still multiplied by the loss scale (1 unless fp16): so is the bound.
             self._clip_gradients(self.recipe.grad_clip_norm * scale)
         self._step = step
@@ -347,6 +356,8 @@ class StageEngine:
         return batch.pin_memory().to(self.device, non_blocking=True)
 
     def _update(self) -> None:
+        if self._skip_update:
+            return  # a non-finite step the job allows skipping (worker/finite.py)
         if self.scaling is not None:
             if self.scaling.overflowed:
                 return  # fp16 overflow somewhere: every rank skips this step

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS
+from orchestrator.runtime.local_ray import private_ray_root
 
 A100_LABELS = {"orchestrator.io/device-type": "A100-80", "orchestrator.io/emulated-speed": "1.0"}
 L4_LABELS = {"ray.io/accelerator-type": "L4", "orchestrator.io/emulated-speed": "0.5"}
@@ -29,17 +30,19 @@ def ray_cluster() -> Iterator[object]:
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": False},
-    )
-    for _ in range(2):
-        cluster.add_node(num_cpus=2, num_gpus=2, labels=A100_LABELS)
-    cluster.add_node(num_cpus=2, num_gpus=2, labels=L4_LABELS)
-    ray.init(address=cluster.address, log_to_driver=False)
-    cluster.wait_for_nodes()
-    try:
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    # Its own Ray root (as the demo's cluster has): works with TMPDIR set to a new folder.
+    with private_ray_root() as root:
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": root},
+        )
+        for _ in range(2):
+            cluster.add_node(num_cpus=2, num_gpus=2, labels=A100_LABELS, temp_dir=root)
+        cluster.add_node(num_cpus=2, num_gpus=2, labels=L4_LABELS, temp_dir=root)
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        try:
+            yield cluster
+        finally:
+            ray.shutdown()
+            cluster.shutdown()

@@ -63,13 +63,13 @@ def test_cluster_file_adds_and_overrides_types(tmp_path: Path, capsys) -> None:
     override = tmp_path / "c.yaml"
     override.write_text(
         "device_types:\n"
-        "  - {name: T4, memory_bytes: 1000, peak_flops_per_s: {fp32: 1.0e+12},\n"
+        "  - {name: T4, memory_bytes: 4000000000, peak_flops_per_s: {fp32: 1.0e+12},\n"
         "     memory_bandwidth_bytes_per_s: 1.0e+9, intra_node_bandwidth_bytes_per_s: 1.0e+9}\n"
         "node_groups: [{name: g, device_type: T4, num_nodes: 1, devices_per_node: 1}]\n"
     )
     rows = run_json(capsys, "--cluster", str(override))
     t4 = next(r for r in rows if r["name"] == "T4")
-    assert (t4["memory_bytes"], t4["source"]) == (1000, "cluster file (overrides)")
+    assert (t4["memory_bytes"], t4["source"]) == (4_000_000_000, "cluster file (overrides)")
     # no fp16/bf16 rate given: the fp32 rate stands in for them
     assert t4["peak_flops_per_s"]["bf16"] == 1e12
 

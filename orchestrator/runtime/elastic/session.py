@@ -35,7 +35,7 @@ from orchestrator.runtime.elastic.probe import RayClusterProbe
 from orchestrator.runtime.elastic.summary import RunSummary, summarise
 from orchestrator.runtime.elastic.updates import PlanApplied, RunUpdate, StepDone
 from orchestrator.runtime.jobs import worker_job
-from orchestrator.spec.job import JobSpec
+from orchestrator.spec.job import DEFAULT_CHECKPOINT_INTERVAL_STEPS, JobSpec
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.profiles import ProfileSet
 from orchestrator.spec.reports import StepReport
@@ -281,7 +281,11 @@ def build_session(
     hook too (an exporter of the caller's, say)."""
     job = spec.job
     job_file = Path(spec.job_file)
-    interval = job.checkpoint.interval_steps if job.checkpoint else 0
+    # Without a checkpoint section, snapshots are still taken (in memory, by the driver): a
+    # crash of a plan without replicas then resumes from the last one, not from step 0.
+    interval = (
+        job.checkpoint.interval_steps if job.checkpoint else DEFAULT_CHECKPOINT_INTERVAL_STEPS
+    )
     config = ControllerConfig.from_spec(
         job.elasticity, total_steps=spec.total_steps, checkpoint_interval_steps=interval
     )

@@ -1,0 +1,45 @@
+"""Profiles given on the command line that do not match the model are ignored, never silently.
+
+A profile measured for another model, sequence length or dtype would mislead the cost model;
+each such file is left out with a warning on stderr that names the file and the reason.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from orchestrator.spec.model import ModelSpec
+from orchestrator.spec.profiles import ProfileFile, ProfileSet, read_profile
+
+
+def _why_not(profile: ProfileFile, model: ModelSpec) -> str | None:
+    if profile.model != model.name:
+        return f"it profiles model {profile.model!r}, not {model.name!r}"
+    if profile.sequence_length is not None and profile.sequence_length != model.sequence_length:
+        return (
+            f"it was measured at sequence length {profile.sequence_length}, "
+            f"the model has {model.sequence_length}"
+        )
+    if profile.dtype is not None and profile.dtype != model.dtype.value:
+        return f"it was measured in {profile.dtype}, the model is {model.dtype.value}"
+    return None
+
+
+def profiles_for_model(
+    paths: Sequence[Path], model: ModelSpec, warn: Callable[[str], None] | None = None
+) -> ProfileSet:
+    """The profiles under ``paths`` (validated as ProfileSet.load does) that fit ``model``."""
+    ProfileSet.load(list(paths))  # every refusal: missing, empty folder, conflicts, bad files
+    say = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+    kept: list[ProfileFile] = []
+    for root in paths:
+        for path in sorted(root.rglob("*.json")) if root.is_dir() else [root]:
+            profile = read_profile(path)
+            reason = _why_not(profile, model)
+            if reason is None:
+                kept.append(profile)
+            else:
+                say(f"warning: {path} ignored: {reason}")
+    return ProfileSet(kept)
