@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         job = job.model_copy(
             update={"cluster": job.cluster.model_copy(update={"address": args.address})}
         )
+    if args.steps is not None and args.steps < 1:
+        raise UserError(f"--steps {args.steps} must be >= 1", field="--steps", fix="pass 1 or more")
     port = args.metrics_port if args.metrics_port is not None else job.metrics.port
     if port is not None and not 0 <= port <= 65535:
         raise UserError(f"{port} is out of range", field="--metrics-port", fix="use 0..65535")

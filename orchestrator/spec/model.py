@@ -8,6 +8,7 @@ A model is a GPT-style transformer decoder described by its shape. The planner s
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
@@ -235,3 +236,14 @@ class TrainingSpec(BaseModel):
     def grad_bytes_per_param(self, model_dtype: Dtype) -> int:
         """Bytes per parameter that the data-parallel all-reduce moves."""
         return self._mixed(model_dtype)[1]
+
+
+def shape_defaults() -> dict[str, Any]:
+    """Each :class:`ModelSpec` field that has a default, as a JSON-mode dump would show it."""
+    out: dict[str, Any] = {}
+    for name, info in ModelSpec.model_fields.items():
+        if info.is_required():
+            continue
+        value = info.get_default(call_default_factory=True)
+        out[name] = getattr(value, "value", value)  # enums as their values
+    return out

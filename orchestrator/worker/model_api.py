@@ -32,6 +32,7 @@ without ``tensor_parallel_plan`` run at tp 1 only.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -102,7 +103,7 @@ def build_model(factory_path: str, kwargs: dict[str, Any]) -> LayeredModel:
     """Call the factory and check that it returned a :class:`LayeredModel`."""
     factory = load_factory(factory_path)
     try:
-        model = factory(**kwargs)
+        model = factory(**_accepted(factory, kwargs))
     except TypeError as exc:
         raise SpecError(
             f"model factory {factory_path!r} rejected its arguments {sorted(kwargs)}: {exc}",
@@ -118,6 +119,28 @@ def build_model(factory_path: str, kwargs: dict[str, Any]) -> LayeredModel:
             fix="return an object implementing orchestrator.worker.model_api.LayeredModel",
         )
     return model
+
+
+def _accepted(factory: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` less the model-shape fields at their default that ``factory`` does not take.
+
+    The runtime passes every shape field to the factory; a factory written before the shape
+    gained a field (gated MLPs, norms, ...) keeps working as long as the job leaves that field at
+    its default. A non-default value it does not take still fails, naming the argument.
+    """
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: pass everything
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return kwargs
+    names = {p.name for p in params}
+    from orchestrator.spec.model import shape_defaults
+
+    defaults = shape_defaults()
+    return {
+        k: v for k, v in kwargs.items() if k in names or k not in defaults or v != defaults[k]
+    }
 
 
 def check_layer_count(model: LayeredModel, plan_num_layers: int) -> None:
