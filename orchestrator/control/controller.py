@@ -100,6 +100,8 @@ class Controller:
         self.journal = Journal(callbacks, logger)
         self.next_step = 0
         self.failure_count = 0
+        self.burst_count = 0  # failures of the current burst (see policies/failure.py)
+        self.last_failure_s = float("-inf")
         self.lost_steps_total = 0
         self.snapshot: ClusterSnapshot | None = None
         self.excluded_nodes: set[str] = set()  # lost nodes are never planned on again
@@ -319,7 +321,11 @@ class Controller:
         )
         if self.pending_recovery is None:
             self.pending_recovery = (cause, now_s)
-        decision = self.config.failure.decide(self.failure_count, cause)
+        if now_s - self.last_failure_s > self.config.failure.reset_after_s:
+            self.burst_count = 0  # the previous failure is long past: a new burst
+        self.burst_count += 1
+        self.last_failure_s = now_s
+        decision = self.config.failure.decide(self.failure_count, cause, self.burst_count)
         if isinstance(decision, GiveUp):
             self.fail(decision.reason, restore or (prior.restore if prior else None))
             return

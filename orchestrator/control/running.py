@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from orchestrator.control import classified
 from orchestrator.control.config import ControllerConfig
 from orchestrator.control.events import EventKind
 from orchestrator.control.ports import PlanProposal, WorkerLost
@@ -72,8 +73,8 @@ def run_one(c: Controller, s: RunningState) -> None:
     except (WorkerLost, TransientError) as exc:
         c.on_failure(exc)
         return
-    except Exception as exc:  # a bug in the model or the data: retrying will not help
-        c.fail(f"step {c.next_step} raised {type(exc).__name__}: {exc}")
+    except Exception as exc:  # a lost peer, out of memory, or a bug in the model or the data
+        classified.on_step_error(c, s, exc)
         return
     c.commit(report)
     interval = c.config.checkpoint_interval_steps
