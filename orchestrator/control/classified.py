@@ -54,7 +54,9 @@ def _out_of_memory(
             step=c.next_step,
             error=found.detail,
         )
-    for device_type in types if lower is not None else ():
+    for device_type in types:
+        if lower is None:
+            break
         before, now = lower(device_type, found.measured_usable_bytes)
         measured = found.measured_usable_bytes
         c.record(
