@@ -30,6 +30,8 @@ class ElasticitySpec(BaseModel):
     discovery_timeout_s: float = Field(default=300.0, gt=0)
     straggler_threshold: float = Field(default=1.3, gt=1.0)
     straggler_window_steps: PositiveInt = 5
+    # A failed or evacuated node listed healthy this long is planned on again.
+    rejoin_cooldown_s: NonNegativeFloat = 60.0
 
     def to_config(self, *, total_steps: int, checkpoint_interval_steps: int) -> ControllerConfig:
         """The controller's config for a run of ``total_steps`` steps."""
@@ -42,6 +44,7 @@ class ElasticitySpec(BaseModel):
             initial_switch_cost_s=self.initial_switch_cost_s,
             straggler_threshold=self.straggler_threshold,
             straggler_window_steps=self.straggler_window_steps,
+            rejoin_cooldown_s=self.rejoin_cooldown_s,
             failure=FailurePolicy(
                 max_failures=self.max_failures,
                 initial_backoff_s=self.initial_backoff_s,
@@ -64,6 +67,7 @@ class ControllerConfig:
     initial_switch_cost_s: float = 10.0
     straggler_threshold: float = 1.3
     straggler_window_steps: int = 5
+    rejoin_cooldown_s: float = 60.0  # see policies/rejoin.py
     # Steps after a launch whose times set the calibration (measured / predicted); the first
     # step after a launch is warm-up and is left out.
     calibration_steps: int = 3

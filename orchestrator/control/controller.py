@@ -35,6 +35,7 @@ steps.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
@@ -73,6 +74,7 @@ from orchestrator.control.states import (
 )
 from orchestrator.errors import TransientError
 from orchestrator.policies.failure import GiveUp
+from orchestrator.policies.rejoin import RejoinPolicy
 from orchestrator.policies.straggler import StragglerDetector
 
 
@@ -104,7 +106,8 @@ class Controller:
         self.last_failure_s = float("-inf")
         self.lost_steps_total = 0
         self.snapshot: ClusterSnapshot | None = None
-        self.excluded_nodes: set[str] = set()  # lost nodes are never planned on again
+        self.excluded_nodes: set[str] = set()  # not planned on until they rejoin (policies/rejoin)
+        self.rejoin = RejoinPolicy(config.rejoin_cooldown_s)
         self.slowdown_by_node: dict[str, float] = {}
         self.proposal: PlanProposal | None = None  # the plan the workers run (or last ran)
         self.measurements = PlanMeasurements(predicted_step_s=0.0)
@@ -212,7 +215,25 @@ class Controller:
         if snap.emulated != self._emulated:
             self._emulated = snap.emulated
             self.journal.notify("on_emulated", snap.emulated)
-        return snap, diff
+        return snap, self._readmit(snap, diff)
+
+    def _readmit(self, snap: ClusterSnapshot, diff: SnapshotDiff) -> SnapshotDiff:
+        """Admit excluded nodes healthy again for the cool-down; they count as joins."""
+        healthy = snap.node_ids - set(snap.draining)
+        back = self.rejoin.readmit(self.excluded_nodes, healthy, self.now_s())
+        if not back:
+            return diff
+        self.excluded_nodes.difference_update(back)
+        for node_id in back:
+            self.record(
+                EventKind.NODE_JOINED,
+                f"node {node_id} rejoins: listed healthy for {self.rejoin.cooldown_s:.0f} s "
+                "after it was excluded",
+                node=node_id,
+                rejoined=True,
+            )
+        nodes = tuple(n for n in snap.nodes if n.node_id in back)
+        return dataclasses.replace(diff, joined=(*diff.joined, *nodes))
 
     def plan_for(self, snap: ClusterSnapshot) -> PlanProposal:
         """Ask the planner for a plan on the usable part of ``snap``."""

@@ -178,3 +178,42 @@ def test_backoff_starts_again_after_a_quiet_stretch():
     # 1st: none; 2nd right after: the first backoff step; 3rd 700 s later (> 600 s): a new burst.
     assert backoffs == [0.0, 1.0, 0.0]
     assert h.controller.failure_count == 3  # the budget still counts every failure
+
+
+def _nodes_of(plan):
+    return {s.node for r in plan.replicas for s in r.stages}
+
+
+def test_an_excluded_node_rejoins_after_a_healthy_cool_down():
+    h = make_harness(THREE, total_steps=200, rejoin_cooldown_s=60.0)
+    h.states_until(lambda c: c.state.name == "running" and c.next_step == 5)
+    h.cluster.kill("c")
+    h.states_until(lambda c: c.state.name == "running" and "c" not in _nodes_of(c.proposal.plan))
+    h.cluster.add("c", "L4", 2)  # the same node is back (a NotReady blip)
+    back_at = h.clock.now_s()
+    c = h.controller
+    h.states_until(lambda c: c.now_s() > back_at + 30)
+    assert "c" in c.excluded_nodes and "c" not in _nodes_of(c.proposal.plan)  # cooling down
+    h.states_until(lambda c: "c" in _nodes_of(c.proposal.plan))
+    assert c.now_s() >= back_at + 60
+    [event] = [e for e in c.events if e.data.get("rejoined")]
+    assert event.kind is EventKind.NODE_JOINED and event.data["node"] == "c"
+    assert "c" not in c.excluded_nodes
+    h.states_until(lambda c: c.done)
+    assert h.final_layer_states() == {i: tuple(range(200)) for i in range(NUM_LAYERS)}
+
+
+def test_a_node_that_leaves_again_restarts_its_cool_down():
+    h = make_harness(THREE, total_steps=300, rejoin_cooldown_s=60.0)
+    h.states_until(lambda c: c.state.name == "running" and c.next_step == 5)
+    h.cluster.kill("c")
+    h.states_until(lambda c: c.state.name == "running" and "c" not in _nodes_of(c.proposal.plan))
+    h.cluster.add("c", "L4", 2)
+    start = h.clock.now_s()
+    h.states_until(lambda c: c.now_s() > start + 40)
+    h.cluster.kill("c")  # gone again before the cool-down ended
+    h.states_until(lambda c: c.now_s() > start + 50)
+    h.cluster.add("c", "L4", 2)
+    again = h.clock.now_s()
+    h.states_until(lambda c: "c" in _nodes_of(c.proposal.plan))
+    assert h.controller.now_s() >= again + 60
