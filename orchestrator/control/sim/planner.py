@@ -36,26 +36,26 @@ class TimedPlanner:
     inner: Planner
     charge: Callable[[float], None]  # advances the simulated clock
     calls: list[tuple[int, float, bool]] = field(default_factory=list)  # (devices, wall s, fresh)
-    _cache: dict[object, _Planned | Exception] = field(default_factory=dict)
+    cache: dict[object, _Planned | Exception] = field(default_factory=dict)
 
     def __call__(
         self, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
     ) -> PlanProposal:
         by_type = _nodes_by_type(snapshot)
         key = _shape(snapshot, by_type, slowdown_by_node)
-        cached = self._cache.get(key)
+        cached = self.cache.get(key)
         if cached is None:
             started = time.perf_counter()
             try:
                 proposal = self.inner(snapshot, slowdown_by_node)
             except Exception as exc:  # infeasible shapes are remembered too
-                self._cache[key] = exc
+                self.cache[key] = exc
                 raise
             finally:
                 wall_s = time.perf_counter() - started
                 self.calls.append((snapshot.num_devices, wall_s, True))
                 self.charge(wall_s)
-            self._cache[key] = _Planned(proposal, by_type, wall_s)
+            self.cache[key] = _Planned(proposal, by_type, wall_s)
             return proposal
         if isinstance(cached, Exception):
             raise cached

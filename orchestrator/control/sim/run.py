@@ -54,6 +54,7 @@ class Outcome:
     recovery_s: list[float]  # failure -> first committed step, per recovery
     switches: int  # plan changes at a step boundary (joins of the replacements)
     planner_fresh_s: list[float]  # wall seconds of real planner calls
+    planner_charged_s: list[float]  # what every re-plan cost the run (a repeat: its first call)
     planner_calls: int
     moved_bytes: list[float]  # per launch
     launch_s: list[float]
@@ -72,8 +73,12 @@ def simulate(
     *,
     poll_interval_s: float = 1.0,
     logger: logging.Logger | None = None,
+    plan_cache: dict[object, object] | None = None,
 ) -> Outcome:
-    """Step a real controller on the simulated world until the trace's horizon."""
+    """Step a real controller on the simulated world until the trace's horizon.
+
+    ``plan_cache`` shares the timed planner's plans between runs on the same nodes and planner.
+    """
     import time
 
     started = time.perf_counter()
@@ -88,6 +93,8 @@ def simulate(
     workers = SimWorkers(clock, cluster, scenario.costs)
     store = SimStore(clock, scenario.costs)
     timed = TimedPlanner(planner, clock.advance)
+    if plan_cache is not None:
+        timed.cache = plan_cache  # type: ignore[assignment]
 
     def plan(snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]) -> PlanProposal:
         proposal = timed(snapshot, slowdown_by_node)
@@ -135,6 +142,7 @@ def simulate(
         recovery_s=recoveries,
         switches=switches,
         planner_fresh_s=timed.fresh_wall_s,
+        planner_charged_s=[wall_s for _, wall_s, _ in timed.calls],
         planner_calls=len(timed.calls),
         moved_bytes=list(workers.moved_bytes),
         launch_s=list(workers.launch_s),
