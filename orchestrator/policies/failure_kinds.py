@@ -64,17 +64,20 @@ _CAPACITY = re.compile(
 
 def classify_failure(error: BaseException | str) -> ClassifiedFailure:
     """The kind of ``error`` (an exception from a step, or its text)."""
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    full = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    # The error's own line, not the traceback after it: the source lines of a traceback (a call
+    # of all_reduce with a timeout argument, say) must not decide the kind.
+    text = full.split("\n", 1)[0]
     if _OOM.search(text):
         return ClassifiedFailure(
             FailureKind.OUT_OF_MEMORY,
-            text,
+            full,
             measured_usable_bytes=_measured_usable(text),
             host=bool(_HOST_OOM.search(text)) and "CUDA" not in text,
         )
     if _LOST_PEER.search(text):
-        return ClassifiedFailure(FailureKind.LOST_PEER, text)
-    return ClassifiedFailure(FailureKind.USER_CODE, text)
+        return ClassifiedFailure(FailureKind.LOST_PEER, full)
+    return ClassifiedFailure(FailureKind.USER_CODE, full)
 
 
 def _measured_usable(text: str) -> float | None:

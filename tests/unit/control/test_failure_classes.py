@@ -48,6 +48,11 @@ CUDA_OOM = (
         ("ZeroDivisionError: division by zero in the loss", FailureKind.USER_CODE),
         ("ValueError: timeout must be positive", FailureKind.USER_CODE),
         ("KeyError: 'input_ids'", FailureKind.USER_CODE),
+        (  # the traceback's source lines do not count, only the error's own line
+            "step: rank 1 failed: KeyError: 'x'\nTraceback (most recent call last):\n"
+            '  File "train.py", line 9, in step\n    dist.all_reduce(t, timeout=30)',
+            FailureKind.USER_CODE,
+        ),
     ],
 )
 def test_step_errors_are_classified(text, kind):
