@@ -24,7 +24,9 @@ Run: .venv/bin/python bench/goodput_sim.py [--sizes 1024,16384] [--harsh 10] [--
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
+from dataclasses import replace
 
 from orchestrator.control.planning import MakePlanPlanner
 from orchestrator.control.sim.costs import CostModel, StateMove
@@ -111,16 +113,25 @@ def main() -> None:
                     plan_cache=cache,
                 )
                 results[name] = (run, goodput(run, ref))
+            # Checkpoint-restart gets its best checkpoint interval, Young/Daly's sqrt(2 C M) for
+            # checkpoint cost C and mean time M between restarts (an interruption and its
+            # replacement's join each restart the group); its goodput is measured against the
+            # same failure-free run as ours (a checkpoint every --checkpoint-min minutes).
+            write_s = today.fetch_s(MODEL.num_planner_layers) + today.checkpoint_write_s()
+            young_daly_s = math.sqrt(2 * write_s / (2 * rate))
             restart_model = RestartModel(
                 step_s=step_s,
-                checkpoint_interval_steps=interval,
-                checkpoint_write_s=today.fetch_s(MODEL.num_planner_layers)
-                + today.checkpoint_write_s(),
+                checkpoint_interval_steps=max(
+                    1, round(min(young_daly_s, 60 * args.checkpoint_min) / step_s)
+                ),
+                checkpoint_write_s=write_s,
                 checkpoint_read_s=today.checkpoint_read_s(),
                 replace_after_s=args.replace_min * 60,
             )
             restart = simulate_restart(restart_model, trace)
-            restart_ref = simulate_restart(restart_model, reference_trace)
+            restart_ref = simulate_restart(
+                replace(restart_model, checkpoint_interval_steps=interval), reference_trace
+            )
             restart_goodput = (restart.committed_steps / restart.sim_s) / (
                 restart_ref.committed_steps / restart_ref.sim_s
             )
@@ -132,13 +143,23 @@ def main() -> None:
                 f"{gpus:>6} {label:>6} {horizon_s / SECONDS_PER_DAY:>5.1f} "
                 f"{len(trace.times_s):>5} {g_today:>11.3f} {g_surv:>11.3f} "
                 f"{restart_goodput:>13.3f} "
-                f"{run_today.median_recovery_s:>12.1f} / {run_surv.median_recovery_s:>6.1f} / "
+                f"{_recovery(run_today):>12} / {_recovery(run_surv):>6} / "
                 f"{restart_s:>7.1f} "
                 f"{run_today.lost_steps:>12} / {restart.lost_steps:>10} "
                 f"{statistics.median(planner_s):>9.2f} / {max(planner_s):>5.2f}",
                 flush=True,
             )
             _details(run_today, run_surv, step_s, interval)
+            print(
+                f"       checkpoint-restart: a checkpoint every "
+                f"{restart_model.checkpoint_interval_steps} steps (Young/Daly), "
+                f"{restart.restarts} restarts"
+            )
+
+
+def _recovery(run: Outcome) -> str:
+    """Median failure -> first step seconds; 'none' when no recovery completed."""
+    return f"{run.median_recovery_s:.1f}" if run.recovery_s else "none"
 
 
 def _details(today: Outcome, survivors: Outcome, step_s: float, interval: int) -> None:
