@@ -22,6 +22,8 @@ class ElasticitySpec(BaseModel):
     initial_backoff_s: NonNegativeFloat = 1.0
     backoff_multiplier: float = Field(default=2.0, ge=1.0)
     max_backoff_s: NonNegativeFloat = 30.0
+    # A failure this long after the previous one starts the backoff over (policies/failure.py).
+    backoff_reset_after_s: NonNegativeFloat = 600.0
     # The gain over the remaining steps must exceed this many times the measured switch cost.
     switch_threshold: NonNegativeFloat = 1.0
     # Used until the first switch (or the first launch) has been measured.
@@ -50,6 +52,7 @@ class ElasticitySpec(BaseModel):
                 initial_backoff_s=self.initial_backoff_s,
                 backoff_multiplier=self.backoff_multiplier,
                 max_backoff_s=self.max_backoff_s,
+                reset_after_s=self.backoff_reset_after_s,
             ),
             replan=ReplanPolicy(switch_threshold=self.switch_threshold),
         )

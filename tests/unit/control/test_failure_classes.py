@@ -222,3 +222,12 @@ def test_a_node_that_leaves_again_restarts_its_cool_down():
     again = h.clock.now_s()
     h.states_until(lambda c: "c" in _nodes_of(c.proposal.plan))
     assert h.controller.now_s() >= again + 60
+
+
+def test_the_backoff_reset_is_a_job_setting():
+    from orchestrator.control.config import ElasticitySpec
+
+    config = ElasticitySpec(backoff_reset_after_s=120).to_config(
+        total_steps=10, checkpoint_interval_steps=5
+    )
+    assert config.failure.reset_after_s == 120
