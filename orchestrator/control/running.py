@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from orchestrator.control import classified
 from orchestrator.control.context import RunContext
 from orchestrator.control.events import EventKind, PlanReason
 from orchestrator.control.ports import WorkerLost
@@ -61,8 +62,8 @@ def run_one(ctx: RunContext, s: RunningState) -> ControllerState:
         report = ctx.workers.step(led.next_step)
     except (WorkerLost, TransientError) as exc:
         return ctx.on_failure(exc, s.name)
-    except Exception as exc:  # a bug in the model or the data: retrying will not help
-        return ctx.fail(f"step {led.next_step} raised {type(exc).__name__}: {exc}")
+    except Exception as exc:  # a lost peer, out of memory, or a bug in the model or the data
+        return classified.on_step_error(ctx, s, exc)
     ctx.commit(report)
     interval = ctx.config.checkpoint_interval_steps
     try:
