@@ -186,10 +186,17 @@ class RunContext:
         self.journal.notify("on_checkpoint", lambda cb: cb.on_checkpoint("save", duration_s))
         return True
 
+    @property
+    def keeps_survivors(self) -> bool:
+        """Whether the worker port re-forms its live workers in place across a change of plan
+        (then a REPLICAS restore without states means: the state stays in the workers)."""
+        return bool(getattr(self.workers, "keeps_survivors", False))
+
     def read_all_layers(
-        self, avoid_ranks: set[int] | frozenset[int] = frozenset()
+        self, avoid_ranks: set[int] | frozenset[int] = frozenset(), *, read: bool = True
     ) -> tuple[dict[int, LayerState], dict[int, int]]:
-        """Every layer's state from the running group, and the rank each came from.
+        """Every layer's state from the running group, and the rank each came from
+        (``read=False``: only the ranks; the states stay in the workers).
 
         Raises :class:`WorkerLost` when some layer has no live holder: a partial read must never
         become a checkpoint or a restore.
@@ -203,6 +210,8 @@ class RunContext:
             alive = {r for ranks in holders.values() for r in ranks}
             dead = set(placement) - alive
             raise WorkerLost(dead, {placement[r] for r in dead}, f"no live holder of {missing}")
+        if not read:
+            return {}, sources
         return self.workers.fetch_layer_states(sources), sources
 
     def ranks_on(self, nodes: set[str] | frozenset[str]) -> set[int]:
@@ -352,12 +361,20 @@ class RunContext:
         """Save state read from survivors if it is newer than the latest checkpoint."""
         latest = self.checkpoints.latest()
         latest_step = latest.step if latest else None
-        if restore is None or restore.kind is not RestoreKind.REPLICAS or not restore.states:
+        if restore is None or restore.kind is not RestoreKind.REPLICAS:
             return latest_step
         if latest_step is not None and latest_step >= restore.resume_step:
             return latest_step
+        states = restore.states
+        if not states and self.keeps_survivors:  # the state is still in the workers
+            try:
+                states, _ = self.read_all_layers()
+            except (WorkerLost, TransientError) as exc:
+                self.journal.logger.warning("could not read the survivors' state: %s", exc)
+        if not states:
+            return latest_step
         try:
-            ref = self.checkpoints.save(restore.resume_step, restore.states, self.run_meta())
+            ref = self.checkpoints.save(restore.resume_step, states, self.run_meta())
         except Exception as exc:
             self.record(EventKind.CHECKPOINT, f"final checkpoint failed: {exc}", error=str(exc))
             return latest_step
