@@ -50,6 +50,7 @@ def test_kill_drain_and_join_lose_no_step(ray_cluster) -> None:
     joined: list = []
 
     survivor: dict[str, tuple[str, int]] = {}
+    placement: dict[int, str] = {}
 
     def actor_on(node_id: str) -> tuple[str, int]:
         """(actor id, process id) of the worker on ``node_id``."""
@@ -70,11 +71,13 @@ def test_kill_drain_and_join_lose_no_step(ray_cluster) -> None:
         joined.append(add_pool_node(ray_cluster, pool))
 
     try:
-        drive(session, {4: kill, 8: preempt, 12: join})
+        def last() -> None:  # before the run ends and stops its workers
+            survivor["after"] = actor_on(nodes[2].node_id)
+            placement.update(session.workers.placement())
+
+        drive(session, {4: kill, 8: preempt, 12: join, STEPS - 1: last})
         summary = session.summary()
         final = session.checkpoints.load(STEPS)
-        placement = dict(session.workers.placement())
-        survivor["after"] = actor_on(nodes[2].node_id)
     finally:
         session.workers.stop()
         remove_pool(ray_cluster, nodes + joined)
