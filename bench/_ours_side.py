@@ -121,6 +121,7 @@ def _drive(
             [r for r in f.rates if r[0] < crashed_at_s][-20:]
         ),
     }
+    figures["recovery_moved"] = _moved(f.status, crashed_at_s)
     log(f"  ours: resumed {figures['recovery_s']:.1f} s after the crash")
     resumed = f.steps
     f.wait_until(lambda: f.steps >= resumed + steps_before_join, limit_s)
@@ -134,6 +135,7 @@ def _drive(
     if switched:
         figures["join_to_step_s"] = switched[0]["time_s"] - joined_at_s
         figures["join_lost_steps"] = 0.0  # a resize reads every layer from the running group
+        figures["join_moved"] = _moved(f.status, joined_at_s)
         at = f.steps
         f.wait_until(lambda: f.steps >= at + 15, 120.0)
         figures["samples_per_s_after"] = _median_rate(
@@ -143,6 +145,15 @@ def _drive(
         decisions = _join_decisions(f.status, joined_at_s)
         figures["join_note"] = decisions[0]["message"] if decisions else "no join decision seen"
     return figures
+
+
+def _moved(status: Mapping[str, Any], since_s: float) -> str:
+    """What the first launch since ``since_s`` kept and moved (ports that keep survivors)."""
+    for e in status.get("events", []):
+        if e["kind"] == "plan_chosen" and "bytes_moved" in e["data"] and e["time_s"] >= since_s:
+            message = str(e["message"])
+            return message.split("re-formed in place: ")[-1] if "re-formed" in message else "fresh"
+    return "n/a"
 
 
 def _recoveries(status: Mapping[str, Any], since_s: float) -> list[dict[str, Any]]:

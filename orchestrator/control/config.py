@@ -23,6 +23,7 @@ class ControllerConfig:
     initial_switch_cost_s: float = 10.0
     straggler_threshold: float = 1.3
     straggler_window_steps: int = 5
+    rejoin_cooldown_s: float = 60.0  # see policies/rejoin.py
     # Steps after a launch whose times set the calibration (measured / predicted); the first
     # step after a launch is warm-up and is left out.
     calibration_steps: int = 3
@@ -44,11 +45,13 @@ class ControllerConfig:
             initial_switch_cost_s=spec.initial_switch_cost_s,
             straggler_threshold=spec.straggler_threshold,
             straggler_window_steps=spec.straggler_window_steps,
+            rejoin_cooldown_s=spec.rejoin_cooldown_s,
             failure=FailurePolicy(
                 max_failures=spec.max_failures,
                 initial_backoff_s=spec.initial_backoff_s,
                 backoff_multiplier=spec.backoff_multiplier,
                 max_backoff_s=spec.max_backoff_s,
+                reset_after_s=spec.backoff_reset_after_s,
             ),
             replan=ReplanPolicy(switch_threshold=spec.switch_threshold),
         )

@@ -9,9 +9,10 @@ redirect the run (:meth:`RunContext.fail`, :meth:`RunContext.on_failure`,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.control.callbacks import ControllerCallback
 from orchestrator.control.config import ControllerConfig
@@ -31,6 +32,7 @@ from orchestrator.control.recovery import LayerState, RestoreKind, RestoreSource
 from orchestrator.control.states import FailedState, FinishedState, RecoveringState
 from orchestrator.errors import TransientError
 from orchestrator.policies.failure import GiveUp
+from orchestrator.policies.rejoin import RejoinPolicy
 from orchestrator.spec.reports import StepReport
 from orchestrator.spec.snapshot import ClusterSnapshot, SnapshotDiff, diff_snapshots
 
@@ -47,6 +49,7 @@ class RunContext:
     clock: Clock
     journal: Journal
     ledger: RunLedger
+    rejoin: RejoinPolicy = field(default_factory=RejoinPolicy)
 
     @classmethod
     def create(
@@ -65,7 +68,8 @@ class RunContext:
 
         ledger = RunLedger(switch_cost=SwitchCostMeter(config.initial_switch_cost_s))
         journal = Journal(callbacks, logger)
-        return cls(config, probe, workers, checkpoints, planner, clock, journal, ledger)
+        rejoin = RejoinPolicy(config.rejoin_cooldown_s)
+        return cls(config, probe, workers, checkpoints, planner, clock, journal, ledger, rejoin)
 
     def now_s(self) -> float:
         return self.clock.now_s()
@@ -115,7 +119,26 @@ class RunContext:
         if snap.emulated != led.emulated:
             led.emulated = emulated = snap.emulated
             self.journal.notify("on_emulated", lambda cb: cb.on_emulated(emulated))
-        return snap, diff
+        return snap, self._readmit(snap, diff)
+
+    def _readmit(self, snap: ClusterSnapshot, diff: SnapshotDiff) -> SnapshotDiff:
+        """Admit excluded nodes healthy again for the cool-down; they count as joins."""
+        led = self.ledger
+        healthy = snap.node_ids - set(snap.draining)
+        back = self.rejoin.readmit(led.excluded_nodes, healthy, self.now_s())
+        if not back:
+            return diff
+        led.excluded_nodes.difference_update(back)
+        for node_id in back:
+            self.record(
+                EventKind.NODE_JOINED,
+                f"node {node_id} rejoins: listed healthy for {self.rejoin.cooldown_s:.0f} s "
+                "after it was excluded",
+                node=node_id,
+                rejoined=True,
+            )
+        nodes = tuple(n for n in snap.nodes if n.node_id in back)
+        return dataclasses.replace(diff, joined=(*diff.joined, *nodes))
 
     def plan_for(self, snap: ClusterSnapshot) -> PlanProposal:
         """Ask the planner for a plan on the usable part of ``snap``."""
@@ -163,10 +186,17 @@ class RunContext:
         self.journal.notify("on_checkpoint", lambda cb: cb.on_checkpoint("save", duration_s))
         return True
 
+    @property
+    def keeps_survivors(self) -> bool:
+        """Whether the worker port re-forms its live workers in place across a change of plan
+        (then a REPLICAS restore without states means: the state stays in the workers)."""
+        return bool(getattr(self.workers, "keeps_survivors", False))
+
     def read_all_layers(
-        self, avoid_ranks: set[int] | frozenset[int] = frozenset()
+        self, avoid_ranks: set[int] | frozenset[int] = frozenset(), *, read: bool = True
     ) -> tuple[dict[int, LayerState], dict[int, int]]:
-        """Every layer's state from the running group, and the rank each came from.
+        """Every layer's state from the running group, and the rank each came from
+        (``read=False``: only the ranks; the states stay in the workers).
 
         Raises :class:`WorkerLost` when some layer has no live holder: a partial read must never
         become a checkpoint or a restore.
@@ -180,6 +210,8 @@ class RunContext:
             alive = {r for ranks in holders.values() for r in ranks}
             dead = set(placement) - alive
             raise WorkerLost(dead, {placement[r] for r in dead}, f"no live holder of {missing}")
+        if not read:
+            return {}, sources
         return self.workers.fetch_layer_states(sources), sources
 
     def ranks_on(self, nodes: set[str] | frozenset[str]) -> set[int]:
@@ -279,7 +311,11 @@ class RunContext:
         )
         if led.pending_recovery is None:
             led.pending_recovery = (cause, now_s)
-        decision = self.config.failure.decide(led.failure_count, cause)
+        if now_s - led.last_failure_s > self.config.failure.reset_after_s:
+            led.burst_count = 0  # the previous failure is long past: a new burst
+        led.burst_count += 1
+        led.last_failure_s = now_s
+        decision = self.config.failure.decide(led.failure_count, cause, led.burst_count)
         if isinstance(decision, GiveUp):
             return self.fail(decision.reason, restore or (prior.restore if prior else None))
         if prior is not None:  # a failure while recovering: the earlier losses still count
@@ -325,12 +361,20 @@ class RunContext:
         """Save state read from survivors if it is newer than the latest checkpoint."""
         latest = self.checkpoints.latest()
         latest_step = latest.step if latest else None
-        if restore is None or restore.kind is not RestoreKind.REPLICAS or not restore.states:
+        if restore is None or restore.kind is not RestoreKind.REPLICAS:
             return latest_step
         if latest_step is not None and latest_step >= restore.resume_step:
             return latest_step
+        states = restore.states
+        if not states and self.keeps_survivors:  # the state is still in the workers
+            try:
+                states, _ = self.read_all_layers()
+            except (WorkerLost, TransientError) as exc:
+                self.journal.logger.warning("could not read the survivors' state: %s", exc)
+        if not states:
+            return latest_step
         try:
-            ref = self.checkpoints.save(restore.resume_step, restore.states, self.run_meta())
+            ref = self.checkpoints.save(restore.resume_step, states, self.run_meta())
         except Exception as exc:
             self.record(EventKind.CHECKPOINT, f"final checkpoint failed: {exc}", error=str(exc))
             return latest_step

@@ -24,7 +24,10 @@ class RunLedger:
     failure_count: int = 0
     lost_steps_total: int = 0
     last_checkpoint_step: int | None = None
-    excluded_nodes: set[str] = field(default_factory=set)  # lost nodes are never planned on again
+    burst_count: int = 0  # failures of the current burst (see policies/failure.py)
+    last_failure_s: float = float("-inf")
+    # Not planned on until they rejoin (policies/rejoin.py).
+    excluded_nodes: set[str] = field(default_factory=set)
     slowdown_by_node: dict[str, float] = field(default_factory=dict)
     proposal: PlanProposal | None = None  # the plan the workers run (or last ran)
     measurements: PlanMeasurements = field(default_factory=lambda: PlanMeasurements(0.0))

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from orchestrator.control.ports import PlanProposal
 from orchestrator.errors import InfeasibleError
+from orchestrator.policies.oom import MemoryCaps
 from orchestrator.spec.cluster import Cluster, Node
 from orchestrator.spec.devices import DeviceCatalog, DeviceType
 from orchestrator.spec.model import ModelSpec, TrainingSpec
@@ -44,13 +45,20 @@ class MakePlanPlanner:
         self.training = training
         self.profiles = profiles
         self.catalog = catalog or DeviceCatalog.builtin()
+        self.memory = MemoryCaps()  # usable memory lowered after out-of-memory errors
+
+    def lower_usable_memory(
+        self, device_type: str, measured_usable_bytes: float | None
+    ) -> tuple[float, float]:
+        """Plan ``device_type`` with less memory from now on; (usable before, usable now)."""
+        return self.memory.lower(self.catalog[device_type], measured_usable_bytes)
 
     def __call__(
         self, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
     ) -> PlanProposal:
         from orchestrator.planner import make_plan  # the search is heavy; load it on first use
 
-        cluster = snapshot.to_cluster(self.catalog)
+        cluster = cap_memory(snapshot.to_cluster(self.catalog), self.memory)
         cluster, profiles = derate(cluster, self.profiles, slowdown_by_node)
         result = make_plan(cluster, self.model, self.training, profiles)
         plan = restore_type_names(result.plan)
@@ -121,6 +129,13 @@ def check_fits(plan: Plan, snapshot: ClusterSnapshot) -> None:
                 field="plan.replicas[].stages[].node",
                 fix="bring the node back, or drop the pin from the plan",
             )
+
+
+def cap_memory(cluster: Cluster, caps: MemoryCaps) -> Cluster:
+    """``cluster`` with each capped device type's usable memory lowered to its cap."""
+    if not caps.usable_bytes:
+        return cluster
+    return Cluster(nodes=tuple(_with_device(n, caps.apply(n.device_type)) for n in cluster.nodes))
 
 
 def slow_name(device_type: str, factor: float) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from orchestrator.control import classified
 from orchestrator.control.context import RunContext
 from orchestrator.control.events import EventKind, PlanReason
 from orchestrator.control.ports import WorkerLost
@@ -61,8 +62,8 @@ def run_one(ctx: RunContext, s: RunningState) -> ControllerState:
         report = ctx.workers.step(led.next_step)
     except (WorkerLost, TransientError) as exc:
         return ctx.on_failure(exc, s.name)
-    except Exception as exc:  # a bug in the model or the data: retrying will not help
-        return ctx.fail(f"step {led.next_step} raised {type(exc).__name__}: {exc}")
+    except Exception as exc:  # a lost peer, out of memory, or a bug in the model or the data
+        return classified.on_step_error(ctx, s, exc)
     ctx.commit(report)
     interval = ctx.config.checkpoint_interval_steps
     try:
@@ -190,7 +191,8 @@ def recover(ctx: RunContext, s: RecoveringState) -> ControllerState:
                 restore = _capture_after_failure(ctx, s)
             except (WorkerLost, TransientError) as exc:
                 return ctx.on_failure(exc, s.name, prior=s)
-        ctx.stop_workers()
+        if not ctx.keeps_survivors:
+            ctx.stop_workers()
         ctx.record(
             EventKind.RECOVERY,
             f"restore from {restore.kind}: resume at step {restore.resume_step}, "
@@ -217,7 +219,9 @@ def _capture_after_failure(ctx: RunContext, s: RecoveringState) -> RestoreSource
         next_step=ctx.ledger.next_step,
     )
     if choice.kind is RestoreKind.REPLICAS:
-        states = ctx.workers.fetch_layer_states(choice.ranks_by_layer)
+        # A port that keeps its survivors keeps their state too: nothing is read here.
+        sources = choice.ranks_by_layer
+        states = {} if ctx.keeps_survivors else ctx.workers.fetch_layer_states(sources)
         return RestoreSource(
             RestoreKind.REPLICAS,
             resume_step=ctx.ledger.next_step,
@@ -243,10 +247,13 @@ def resize(ctx: RunContext, s: ResizingState) -> ControllerState:
     """Read every layer from the running group, stop it, and launch (or re-plan) without loss."""
     ctx.ledger.switch_cost.begin(s.since_s)
     try:
-        states, sources = ctx.read_all_layers(ctx.ranks_on(set(s.evacuate_nodes)))
+        states, sources = ctx.read_all_layers(
+            ctx.ranks_on(set(s.evacuate_nodes)), read=not ctx.keeps_survivors
+        )
     except (WorkerLost, TransientError) as exc:
         return ctx.on_failure(exc, s.name)
-    ctx.stop_workers()
+    if not ctx.keeps_survivors:
+        ctx.stop_workers()
     ctx.ledger.excluded_nodes.update(s.evacuate_nodes)
     restore = RestoreSource(
         RestoreKind.REPLICAS,

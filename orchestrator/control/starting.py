@@ -117,7 +117,9 @@ def launch(ctx: RunContext, s: LaunchingState) -> ControllerState:
         ctx.workers.launch(s.proposal.plan, restore)
     except (WorkerLost, TransientError) as exc:
         ctx.stop_workers()
-        return ctx.on_failure(exc, s.name, restore=s.restore)
+        # State that was kept in the workers is gone with them: recovery looks again.
+        held = s.restore.kind is RestoreKind.REPLICAS and not s.restore.states
+        return ctx.on_failure(exc, s.name, restore=None if held else s.restore)
     led.proposal = s.proposal
     led.next_step = restore.resume_step
     led.last_lost_steps = restore.lost_steps
@@ -130,11 +132,15 @@ def launch(ctx: RunContext, s: LaunchingState) -> ControllerState:
         recent_window=ctx.config.straggler_window_steps,
     )
     led.stragglers = new_detector(ctx, s.proposal)
+    moved = getattr(ctx.workers, "last_reform", None)  # set by ports that keep survivors
     ctx.record(
         EventKind.PLAN_CHOSEN,
         f"plan launched ({s.reason}) at step {restore.resume_step}, restored from "
-        f"{restore.kind}" + (f", {restore.lost_steps} steps lost" if restore.lost_steps else ""),
+        f"{restore.kind}"
+        + (f", {restore.lost_steps} steps lost" if restore.lost_steps else "")
+        + (f"; re-formed in place: {moved.line()}" if moved is not None else ""),
         reason=s.reason,
+        bytes_moved=getattr(moved, "bytes_moved", None),
         **restore.summary(),
     )
     p = s.proposal

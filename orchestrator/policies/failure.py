@@ -4,6 +4,10 @@ A run may lose workers ``max_failures`` times. The first failure re-plans at onc
 should cost no idle time); the n-th (n >= 2) waits ``min(initial_backoff_s * multiplier ** (n - 2),
 max_backoff_s)`` before the controller re-plans, so a flapping node does not make the run thrash.
 Failure ``max_failures + 1`` gives up.
+
+The backoff counts only a *burst*: a failure more than ``reset_after_s`` after the previous one
+starts the count again (n = 1, no wait). Without that, a long run at scale, where interruptions
+hours apart are normal, would wait ``max_backoff_s`` after every one of them.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class FailurePolicy:
     initial_backoff_s: float = 1.0
     backoff_multiplier: float = 2.0
     max_backoff_s: float = 30.0
+    reset_after_s: float = 600.0  # a failure this long after the previous one starts a new burst
 
     def __post_init__(self) -> None:
         if self.max_failures < 0:
@@ -60,6 +65,12 @@ class FailurePolicy:
             raise SpecError(
                 "backoff seconds are negative",
                 field="elasticity.initial_backoff_s / max_backoff_s",
+                fix="use 0 or more seconds",
+            )
+        if self.reset_after_s < 0:
+            raise SpecError(
+                f"reset_after_s is {self.reset_after_s}",
+                field="elasticity.reset_after_s",
                 fix="use 0 or more seconds",
             )
         if self.backoff_multiplier < 1:
@@ -76,8 +87,11 @@ class FailurePolicy:
         raw = self.initial_backoff_s * self.backoff_multiplier ** (failure_count - 2)
         return min(raw, self.max_backoff_s)
 
-    def decide(self, failure_count: int, cause: str) -> Retry | GiveUp:
-        """Decide after the ``failure_count``-th failure of the run (1-based)."""
+    def decide(
+        self, failure_count: int, cause: str, burst_count: int | None = None
+    ) -> Retry | GiveUp:
+        """Decide after the ``failure_count``-th failure of the run (1-based), the
+        ``burst_count``-th of the current burst (default: ``failure_count``)."""
         if failure_count > self.max_failures:
             return GiveUp(
                 reason=(
@@ -88,7 +102,7 @@ class FailurePolicy:
                 failure_count=failure_count,
             )
         return Retry(
-            after_s=self.backoff_s(failure_count),
+            after_s=self.backoff_s(failure_count if burst_count is None else burst_count),
             failure_count=failure_count,
             failures_left=self.max_failures - failure_count,
         )

@@ -284,7 +284,11 @@ class WorkerGroup:
         cause = getattr(exc, "cause", None) or exc
         if isinstance(cause, UserError | NonFiniteStepError):  # the same on every rank
             raise cause from None
-        raise WorkerFailedError(phase, rank, f"{type(cause).__name__}: {cause}") from exc
+        text = f"{type(cause).__name__}: {cause}"
+        remote = getattr(exc, "traceback_str", "")  # the worker's traceback, for the user
+        if isinstance(remote, str) and remote.strip():
+            text = f"{text}\n{remote.rstrip()}"
+        raise WorkerFailedError(phase, rank, text) from exc
 
     def _raise_lost(self, phase: str, detail: str, also: tuple[int, ...] = ()) -> None:
         dead = tuple(sorted((set(range(len(self._actors))) - self._alive_ranks()) | set(also)))

@@ -1,4 +1,5 @@
-"""Placement: one placement group per plan, one bundle per worker, each on a node of its type.
+"""Placement: one bundle per worker, each on a node of its type; one placement group per plan
+(:func:`place`) or one per worker (:func:`place_each`, so a lost node leaves the others valid).
 
 Every bundle carries a label selector naming its device type (by the label key the discovery found
 on that type's nodes), and, where the plan pins a stage to a node, that node's id. A bundle asks for
@@ -141,3 +142,44 @@ def place(requests: Sequence[BundleRequest], timeout_s: float, name: str = "") -
         time.sleep(0.05)
     node_ids = tuple(str(by_bundle.get(i, "")) for i in range(len(requests)))
     return PlacedGroup(pg, node_ids, tuple(requests))
+
+
+def place_each(requests: Sequence[BundleRequest], timeout_s: float) -> list[PlacedGroup]:
+    """One single-bundle placement group per request, created together; all ready or none.
+
+    Raises PlacementTimeoutError (after removing the groups made) when one is not ready in time.
+    """
+    import ray
+    from ray.util.placement_group import (
+        placement_group,
+        placement_group_table,
+        remove_placement_group,
+    )
+
+    pgs = [
+        placement_group(
+            [dict(r.resources)], strategy="PACK", bundle_label_selector=[dict(r.label_selector)]
+        )
+        for r in requests
+    ]
+    if not pgs:
+        return []
+    ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=timeout_s)
+    if len(ready) < len(pgs):
+        for pg in pgs:
+            remove_placement_group(pg)
+        wanted = ", ".join(f"{r.resources}@{r.label_selector}" for r in requests)
+        raise PlacementTimeoutError(
+            f"placement of {len(requests)} workers not ready after {timeout_s:.0f} s "
+            f"(bundles: {wanted}); the cluster is busy or lacks matching nodes"
+        )
+    out = []
+    deadline = time.monotonic() + 10.0
+    for pg, request in zip(pgs, requests, strict=True):
+        while True:  # the table fills a moment after ready()
+            node_id = placement_group_table(pg).get("bundles_to_node_id", {}).get(0)
+            if node_id or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        out.append(PlacedGroup(pg, (str(node_id or ""),), (request,)))
+    return out

@@ -19,6 +19,8 @@ class ElasticitySpec(BaseModel):
     initial_backoff_s: NonNegativeFloat = 1.0
     backoff_multiplier: float = Field(default=2.0, ge=1.0)
     max_backoff_s: NonNegativeFloat = 30.0
+    # A failure this long after the previous one starts the backoff over (policies/failure.py).
+    backoff_reset_after_s: NonNegativeFloat = 600.0
     # The gain over the remaining steps must exceed this many times the measured switch cost.
     switch_threshold: NonNegativeFloat = 1.0
     # Used until the first switch (or the first launch) has been measured.
@@ -27,3 +29,5 @@ class ElasticitySpec(BaseModel):
     discovery_timeout_s: float = Field(default=300.0, gt=0)
     straggler_threshold: float = Field(default=1.3, gt=1.0)
     straggler_window_steps: PositiveInt = 5
+    # A failed or evacuated node listed healthy this long is planned on again.
+    rejoin_cooldown_s: NonNegativeFloat = 60.0

@@ -9,6 +9,7 @@ the planner reads. The Ray probe builds snapshots from ``ray.nodes()``; tests bu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -75,7 +76,7 @@ class ClusterSnapshot:
         """Devices on alive, non-draining nodes."""
         return sum(self.devices_by_type().values())
 
-    @property
+    @functools.cached_property
     def emulated(self) -> bool:
         """True when any node carries the emulation label."""
         return any(n.emulated_speed is not None for n in self.nodes)
@@ -118,6 +119,8 @@ class SnapshotDiff:
 
 def diff_snapshots(old: ClusterSnapshot | None, new: ClusterSnapshot) -> SnapshotDiff:
     """Nodes joined, lost, newly draining or changed between two snapshots (``old`` may be None)."""
+    if old is new:  # a probe that saw no change may hand back the same snapshot
+        return SnapshotDiff()
     old_nodes = {n.node_id: n for n in old.nodes} if old else {}
     new_nodes = {n.node_id: n for n in new.nodes}
     old_draining = set(old.draining) if old else set()

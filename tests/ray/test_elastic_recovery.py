@@ -5,7 +5,9 @@ every device (``ReplicaPerDevice``), the controller stepped in this process with
 ports: after step 4 a node is SIGKILLed (``crash_node``: the raylet and its workers); after step 8
 another gets a preemption notice through Ray's drain API; after step 12 a new node joins. The
 step counter never goes back, no step is lost, and the final parameters and every loss equal
-uninterrupted single-process training on the same data order.
+uninterrupted single-process training on the same data order. The survivor's actor (same Ray
+actor id, same process id) trains through every change of plan, and each re-formation reports the
+bytes it moved.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import ray
 from elastic_helpers import (
     ReplicaPerDevice,
     add_pool_node,
@@ -46,7 +49,19 @@ def test_kill_drain_and_join_lose_no_step(ray_cluster) -> None:
     killed, drained = nodes[0].node_id, nodes[1].node_id
     joined: list = []
 
+    survivor: dict[str, tuple[str, int]] = {}
+    placement: dict[int, str] = {}
+
+    def actor_on(node_id: str) -> tuple[str, int]:
+        """(actor id, process id) of the worker on ``node_id``."""
+        group = session.workers._group
+        assert group is not None
+        pairs = zip(group._actors, group.workers, strict=True)
+        [actor] = [a for a, w in pairs if w.node_id == node_id]
+        return actor._actor_id.hex(), ray.get(actor.ping.remote())
+
     def kill() -> None:
+        survivor["before"] = actor_on(nodes[2].node_id)
         crash_node(ray_cluster, nodes[0])
 
     def preempt() -> None:
@@ -56,10 +71,13 @@ def test_kill_drain_and_join_lose_no_step(ray_cluster) -> None:
         joined.append(add_pool_node(ray_cluster, pool))
 
     try:
-        drive(session, {4: kill, 8: preempt, 12: join})
+        def last() -> None:  # before the run ends and stops its workers
+            survivor["after"] = actor_on(nodes[2].node_id)
+            placement.update(session.workers.placement())
+
+        drive(session, {4: kill, 8: preempt, 12: join, STEPS - 1: last})
         summary = session.summary()
         final = session.checkpoints.load(STEPS)
-        placement = dict(session.workers.placement())
     finally:
         session.workers.stop()
         remove_pool(ray_cluster, nodes + joined)
@@ -81,6 +99,16 @@ def test_kill_drain_and_join_lose_no_step(ray_cluster) -> None:
     ]
     # The final plan runs on the surviving node and the new one, nowhere else.
     assert set(placement.values()) == {nodes[2].node_id, joined[0].node_id}
+
+    # The survivor kept its actor and process through the crash, the drain and the join.
+    assert survivor["after"] == survivor["before"], survivor
+    launches = [e for e in events if e.kind is EventKind.PLAN_CHOSEN and "bytes_moved" in e.data]
+    reformed = [e for e in launches if e.data["bytes_moved"] is not None]
+    assert len(reformed) >= 3, [e.message for e in launches]  # crash, drain, join
+    assert all("re-formed in place" in e.message for e in reformed)
+    # Whole-model replicas: the crash moves nothing, the join sends one replica to the new node.
+    assert reformed[0].data["bytes_moved"] == 0, reformed[0].message
+    assert reformed[-1].data["bytes_moved"] > 0, reformed[-1].message
 
     want_losses, want_params = reference(job, STEPS)
     for got, want in zip(summary.losses, want_losses, strict=True):

@@ -8,10 +8,14 @@ widened to every node that actually died: the node of a rank whose actor died, a
 group that Ray reports dead (its other ranks are lost with it). Survivors that merely saw a broken
 collective are not named.
 
-Every change of plan starts fresh actors: the old group's collectives are broken after a failure
-and its process groups have the old world size, so reusing a live actor would need its torch
-process group torn down under a thread that may still be blocked in it (see docs/controller.md for
-the measured cost of a relaunch).
+A change of plan keeps the live actors (:attr:`RayWorkerGroupPort.keeps_survivors`): the port
+asks the group to re-form in place (``ElasticWorkerGroup.reform`` in ``survivors.py``):
+survivors keep their processes, parameters and optimizer state, their torch process groups are
+destroyed and re-initialised for the new plan, and only layers that change owner move, actor to
+actor. A restore of kind REPLICAS whose ``states`` are empty means "the state is in the workers,
+at the last committed step". From a checkpoint, the survivors stay and every rank loads the
+checkpoint's layers (a model mixing steps is not a model). Only the first launch, or one after
+the group was stopped, starts every actor fresh.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from typing import Any
 from orchestrator.control.ports import CheckpointStore, WorkerLost
 from orchestrator.control.recovery import LayerState, RestoreKind, RestoreSource
 from orchestrator.runtime.actor import WorkerJob
-from orchestrator.runtime.elastic.worker import ElasticWorkerActor
-from orchestrator.runtime.group import GroupOptions, WorkerGroup, WorkerInfo
+from orchestrator.runtime.elastic.survivors import ElasticWorkerGroup, ReformReport
+from orchestrator.runtime.group import GroupOptions, WorkerInfo
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import StepReport
 from orchestrator.worker.topology import layer_holders
@@ -33,12 +37,6 @@ log = logging.getLogger(__name__)
 
 # Shorter than the fixed-plan defaults: after a failure, recovery time is the figure that counts.
 ELASTIC_GROUP_OPTIONS = GroupOptions(failure_grace_s=20.0, stop_timeout_s=2.0)
-
-
-class ElasticWorkerGroup(WorkerGroup):
-    """A worker group of :class:`ElasticWorker` ranks."""
-
-    actor_class = ElasticWorkerActor
 
 
 class RayWorkerGroupPort:
@@ -59,12 +57,24 @@ class RayWorkerGroupPort:
         self._dead_ranks: set[int] = set()
         self._committed_steps = 0
         self.workers: list[WorkerInfo] = []
+        self.last_reform: ReformReport | None = None  # what the last change of plan moved
+
+    # The controller may leave the workers running across a change of plan, and hand launch() a
+    # REPLICAS restore without states: the state stays in the workers (see the module docstring).
+    keeps_survivors = True
 
     # -- the port ----------------------------------------------------------------------------
 
     def launch(self, plan: Plan, restore: RestoreSource) -> None:
-        """Start fresh actors for ``plan``, load ``restore``'s states; first step resume_step."""
+        """Run ``plan`` from ``restore``: re-form the live group in place, or start fresh actors
+        when there is none; the first step is ``restore.resume_step``."""
+        if self._group is not None and self._group.workers:
+            self._reform(self._group, plan, restore)
+            return
         self.stop()
+        if restore.kind is RestoreKind.REPLICAS and not restore.states:
+            raise WorkerLost((), (), "the workers holding the state are gone")
+        self.last_reform = None
         self._rank_node = _check_pins_alive(plan)
         states = self._states_for(restore)
         group = ElasticWorkerGroup(self.job, self.options)
@@ -76,6 +86,34 @@ class RayWorkerGroupPort:
             raise self._lost(exc) from None
         self._rank_node = {w.rank: w.node_id for w in self.workers}
         self._committed_steps = restore.resume_step
+
+    def _reform(self, group: ElasticWorkerGroup, plan: Plan, restore: RestoreSource) -> None:
+        keep = restore.kind is RestoreKind.REPLICAS and not restore.states
+        gone = _dead_node_ids()
+        try:
+            _check_pins_alive(plan)
+            report = group.reform(
+                plan,
+                dead_ranks=self._dead_ranks | {r for r, n in self._rank_node.items() if n in gone},
+                committed_steps=self._committed_steps,
+                start_step=restore.resume_step,
+                checkpoint_states=None if keep else self._states_for(restore),
+                keep_state=keep,
+            )
+        except WorkerLost as exc:
+            lost = self._lost(exc)
+            self.stop()  # a half re-formed group holds no consistent state
+            raise lost from None
+        except BaseException:
+            self.stop()
+            raise
+        self._plan = plan
+        self.workers = group.workers
+        self._rank_node = {w.rank: w.node_id for w in self.workers}
+        self._dead_ranks = set()
+        self._committed_steps = restore.resume_step
+        self.last_reform = report
+        log.info("plan re-formed in place: %s", report.line())
 
     def step(self, step: int) -> StepReport:
         group = self._require_group()
@@ -114,6 +152,7 @@ class RayWorkerGroupPort:
 
     def stop(self) -> None:
         group, self._group = self._group, None
+        self._plan, self._rank_node = None, {}  # nothing holds layers any more
         if group is None:
             return
         try:

@@ -16,10 +16,17 @@ step. The update's compute (and its emulated stretch) is counted in the next ste
 
 A second thread answers :meth:`ping` and :meth:`get_layer_states` while a step is blocked in a
 collective on a dead peer; reading is safe then: a blocked step changes gradients only.
+
+A change of plan keeps the actor (:meth:`reform`): the committed update is settled, the process
+group is destroyed, a new engine is built for the new rank and joins a new rendezvous; the layers
+this actor keeps are handed to it as the same modules and optimizers (no copy), and the layers it
+gains arrive as Ray object references exported by the peers that held them
+(:meth:`export_layers`), so their bytes go actor to actor, never through the driver.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import asdict
 from typing import Any
@@ -59,6 +66,69 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         self._settle(committed_steps)
         return dict(self._engine.get_layer_states())
 
+    def export_layers(self, committed_steps: int, layers: list[int]) -> dict[int, dict[str, Any]]:
+        """``layers`` of this rank after ``committed_steps`` steps, for a peer to adopt."""
+        self._settle(committed_steps)
+        e = self._engine
+        return {
+            i: {"params": e.layers[i].state_dict(), "optimizer": e.optimizers[i].state_dict()}
+            for i in layers
+        }
+
+    def reform(
+        self,
+        plan_json: str,
+        rank: int,
+        rendezvous: tuple[str, int, int, float],
+        committed_steps: int,
+        keep: bool,
+        incoming: list[Any],
+    ) -> dict[str, Any]:
+        """Become ``rank`` of a new plan (see the module docstring).
+
+        ``rendezvous`` is (address, port, world size, timeout in s); ``keep``: keep the layers
+        this actor holds and the new rank holds too (only when they are at ``committed_steps``);
+        ``incoming``: object references of ``{layer: state}`` from peers or the checkpoint.
+        """
+        from orchestrator.runtime.actor import engine_config, has_real_gpu
+        from orchestrator.worker.engine import StageEngine
+
+        self._settle(committed_steps)
+        old = self._engine
+        if old is not None:
+            old.shutdown()  # the old process group; its layers stay in memory below
+        self._engine = None
+        self._plan_json, self._rank = plan_json, rank
+        real_gpu = has_real_gpu()
+        emulated = self._emulated_slowdown is not None and not real_gpu
+        slowdown = self._emulated_slowdown if emulated and self._emulated_slowdown else 1.0
+        new = StageEngine(engine_config(self._job, plan_json, rank, slowdown))
+        moved: dict[int, dict[str, Any]] = {}
+        for part in ray.get(list(incoming)):
+            moved.update(part)
+        kept = []
+        for i in list(new.layers):
+            if i in moved:
+                new.layers[i].load_state_dict(moved[i]["params"])
+                new.optimizers[i].load_state_dict(_clone(moved[i]["optimizer"]))
+            elif keep and old is not None and i in old.layers:
+                new.layers[i], new.optimizers[i] = old.layers[i], old.optimizers[i]
+                kept.append(i)
+            elif keep:
+                raise RuntimeError(f"rank {rank}: layer {i} neither kept nor sent")
+        address, port, world_size, timeout_s = rendezvous
+        new.setup(address, port, world_size, timeout_s)
+        self._engine = new
+        return {
+            "rank": rank,
+            "slowdown_factor": slowdown,
+            "emulated": emulated,
+            "real_gpu": real_gpu,
+            "kept_layers": kept,
+            "bytes_in": _nbytes(moved),
+            "pid": os.getpid(),
+        }
+
     def pending_step(self) -> int | None:
         """The step whose update is reduced but not yet applied (tests read it)."""
         return self._pending_step
@@ -72,6 +142,32 @@ class ElasticWorker(_Base):  # type: ignore[misc]
             if committed_steps is None or pending < committed_steps:
                 self._engine.apply_update()
             # else: the step did not commit everywhere; its gradients are zeroed next step
+
+
+def _nbytes(obj: Any) -> int:
+    """Bytes of the tensors in ``obj`` (the state moved to this actor)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_nbytes(v) for v in obj)
+    return 0
+
+
+def _clone(obj: Any) -> Any:
+    """A writable copy (states from the object store may share read-only memory)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone(v) for v in obj]
+    return obj
 
 
 # Same Ray options as the plain worker: no restarts (a lost rank is the controller's business),

@@ -176,5 +176,5 @@ def test_a_bug_in_the_step_fails_the_run_with_the_error_and_the_checkpoint():
     state = h.controller.state
     assert isinstance(state, FailedState)
     assert state.reason == "step 7 raised ZeroDivisionError: division by zero in the loss"
-    assert state.checkpoint_step == 5
+    assert state.checkpoint_step == 7  # the last committed step, read from the workers
     assert h.controller.failure_count == 0  # not a node failure: no retry

@@ -1,0 +1,341 @@
+"""The elastic worker group: one placement group per actor, and changes of plan that keep actors.
+
+Placement: each rank's actor has a placement group of its own (one bundle). A lost node then
+takes only its own actors' placement groups with it; the survivors' stay valid, and a new actor
+needs one new one-bundle group, not a whole new gang.
+
+:meth:`ElasticWorkerGroup.reform` moves the group to a new plan in place:
+
+1. Survivors are the actors that answer and are not on a lost node; a survivor's step still in
+   flight (blocked on a dead peer) is waited for briefly, and a survivor that stays stuck is
+   dropped.
+2. Each rank of the new plan gets a survivor on a node and device type the rank may use (its pin,
+   or its type), the one already holding the most of the rank's layers; ranks left over get new
+   actors, survivors left over are stopped.
+3. Each layer a rank needs and its actor does not hold is *exported* by a survivor that holds it
+   (``export_layers``) and handed to the new owner as a Ray object reference: the bytes go from
+   actor to actor through Ray's object store, never through the driver. From a checkpoint, the
+   driver reads the checkpoint and puts each layer once.
+4. Every actor of the new plan destroys its process group and joins a new rendezvous (new store
+   address, new world size, new rank map), keeping its layers in memory.
+
+The figures of the last reform (bytes moved, layers kept, actors kept / started) are in
+:attr:`ElasticWorkerGroup.last_reform`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from orchestrator.runtime.discovery import discover_nodes, emulated_reference_speed, slowdown_factor
+from orchestrator.runtime.elastic.worker import ElasticWorkerActor
+from orchestrator.runtime.group import WorkerGroup, WorkerInfo
+from orchestrator.runtime.placement import (
+    BundleRequest,
+    PlacedGroup,
+    bundle_requests,
+    place_each,
+    slots_for_plan,
+)
+from orchestrator.runtime.validation import validate_model_for_plan, validate_plan_for_cluster
+from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StepReport
+from orchestrator.worker.topology import RankSpec, ranks_for_plan
+
+# How long a survivor's step blocked on a dead peer may take to fail before the survivor is dropped.
+INFLIGHT_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class ReformReport:
+    """What one change of plan moved and kept."""
+
+    bytes_moved: int  # layer state that changed owner (or came from the checkpoint)
+    layers_moved: int
+    layers_kept: int
+    actors_kept: int
+    actors_started: int
+    duration_s: float
+
+    def line(self) -> str:
+        return (
+            f"{self.actors_kept} actors kept, {self.actors_started} started; "
+            f"{self.layers_kept} layers kept in place, {self.layers_moved} moved "
+            f"({self.bytes_moved / 1e6:.2f} MB) in {self.duration_s:.2f} s"
+        )
+
+
+class ElasticWorkerGroup(WorkerGroup):
+    """A worker group of elastic ranks that survives changes of plan (see the module docstring)."""
+
+    actor_class = ElasticWorkerActor
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pgs: list[PlacedGroup] = []
+        self._inflight: dict[int, Any] = {}  # rank -> its last step's ref
+        self.last_reform: ReformReport | None = None
+
+    # -- launching and stepping ------------------------------------------------------------
+
+    def launch(
+        self,
+        plan: Plan,
+        layer_states: Mapping[int, Mapping[str, Any]] | None = None,
+        start_step: int = 0,
+    ) -> list[WorkerInfo]:
+        if self._actors:
+            raise RuntimeError("launch() on a running group; stop() it first")
+        num_planner_layers = validate_model_for_plan(self.job, plan)
+        self._nodes = discover_nodes()
+        validate_plan_for_cluster(plan, self._nodes, num_planner_layers)
+        self.plan, self.ranks = plan, ranks_for_plan(plan)
+        requests = bundle_requests(slots_for_plan(plan), self._nodes)
+        try:
+            self._pgs = place_each(requests, self.options.placement_timeout_s)
+            plan_json = plan.model_dump_json()
+            self._actors, self.workers = [], []
+            for spec, placed in zip(self.ranks, self._pgs, strict=True):
+                actor, info = self._spawn(spec, placed, plan_json)
+                self._actors.append(actor)
+                self.workers.append(info)
+            self._join(plan_json, [False] * len(self._actors), [[] for _ in self._actors], 0)
+            if layer_states:
+                self.set_layer_states(layer_states)
+        except BaseException:
+            self.stop()
+            raise
+        self.next_step = start_step
+        return self.workers
+
+    def step(self) -> StepReport:
+        assert self.plan is not None, "step() before launch()"
+        step = self.next_step
+        started = time.perf_counter()
+        refs = {r: a.train_step.remote(step) for r, a in enumerate(self._actors)}
+        self._inflight = dict(refs)
+        results = self._gather(f"step {step}", refs, self.options.step_timeout_s)
+        self._inflight = {}
+        duration_s = time.perf_counter() - started
+        self.next_step = step + 1
+        return self._report(step, results, duration_s)
+
+    def stop(self) -> None:
+        actors, self._actors = self._actors, []
+        if actors:
+            refs = [a.shutdown.remote() for a in actors]
+            ray.wait(refs, num_returns=len(refs), timeout=self.options.stop_timeout_s)
+            for a in actors:
+                ray.kill(a, no_restart=True)
+        pgs, self._pgs = self._pgs, []
+        for placed in pgs:
+            _remove(placed)
+
+    # -- changing plan in place --------------------------------------------------------------
+
+    def reform(
+        self,
+        plan: Plan,
+        *,
+        dead_ranks: set[int],
+        committed_steps: int,
+        start_step: int,
+        checkpoint_states: Mapping[int, Any] | None = None,
+        keep_state: bool = True,
+    ) -> ReformReport:
+        """Move to ``plan`` keeping the surviving actors (see the module docstring).
+
+        ``keep_state``: the survivors' layers are at ``committed_steps`` and are kept and moved;
+        otherwise every layer comes from ``checkpoint_states`` (or the seed when None).
+        """
+        assert self.plan is not None, "reform() before launch()"
+        started_s = time.perf_counter()
+        num_planner_layers = validate_model_for_plan(self.job, plan)
+        self._nodes = discover_nodes()
+        validate_plan_for_cluster(plan, self._nodes, num_planner_layers)
+        alive = self._survivors(dead_ranks)
+        old_ranks = self.ranks
+        held = {r: set(old_ranks[r].layer_indices) for r in alive}
+        new_ranks = ranks_for_plan(plan)
+        requests = bundle_requests(slots_for_plan(plan), self._nodes)
+        chosen = _assign(new_ranks, requests, self._nodes, alive, self.workers, held)
+        # Place the actors the new plan still needs (survivors it does not use go after exports).
+        unused = set(range(len(self._actors))) - set(chosen.values())
+        missing = [spec.rank for spec in new_ranks if spec.rank not in chosen]
+        fresh_pgs = place_each([requests[r] for r in missing], self.options.placement_timeout_s)
+        plan_json = plan.model_dump_json()
+        actors: list[Any] = [None] * len(new_ranks)
+        workers: list[WorkerInfo | None] = [None] * len(new_ranks)
+        pgs: list[PlacedGroup | None] = [None] * len(new_ranks)
+        for new, old in chosen.items():
+            actors[new], pgs[new] = self._actors[old], self._pgs[old]
+            w = self.workers[old]
+            workers[new] = WorkerInfo(
+                new,
+                w.node_id,
+                w.node_name,
+                new_ranks[new].device_type,
+                w.slowdown_factor,
+                w.emulated,
+            )
+        for new, placed in zip(missing, fresh_pgs, strict=True):
+            actors[new], workers[new] = self._spawn(new_ranks[new], placed, plan_json)
+            pgs[new] = placed
+        # Who sends what: each layer from a survivor holding it, exported before anyone re-forms.
+        incoming: list[list[Any]] = [[] for _ in new_ranks]
+        keep = [False] * len(new_ranks)
+        layers_moved = layers_kept = 0
+        exports: list[Any] = []
+        if keep_state:
+            holders: dict[int, list[int]] = {}
+            for old in sorted(alive):
+                for layer in held[old]:
+                    holders.setdefault(layer, []).append(old)
+            for spec in new_ranks:
+                keep[spec.rank] = True
+                own = held.get(chosen.get(spec.rank, -1), set())
+                need: dict[int, list[int]] = {}
+                for layer in spec.layer_indices:
+                    if layer in own:
+                        layers_kept += 1
+                        continue
+                    source = holders[layer][spec.rank % len(holders[layer])]  # spread the load
+                    need.setdefault(source, []).append(layer)
+                    layers_moved += 1
+                for source, layers in sorted(need.items()):
+                    ref = self._actors[source].export_layers.remote(committed_steps, layers)
+                    exports.append(ref)
+                    incoming[spec.rank].append(ref)
+            if exports:  # every export done before a holder re-forms (it may be a receiver too)
+                self._gather("export layers", dict(enumerate(exports)), self.options.step_timeout_s)
+        elif checkpoint_states:
+            put = {layer: ray.put({layer: st}) for layer, st in checkpoint_states.items()}
+            for spec in new_ranks:
+                incoming[spec.rank] = [put[layer] for layer in spec.layer_indices]
+                layers_moved += len(spec.layer_indices)
+        for old in sorted(unused):
+            self._drop(old)
+        self._actors = actors
+        self.workers = [w for w in workers if w is not None]
+        self._pgs = [p for p in pgs if p is not None]
+        self.plan, self.ranks = plan, new_ranks
+        infos = self._join(plan_json, keep, incoming, committed_steps)
+        self.next_step = start_step
+        self.last_reform = ReformReport(
+            bytes_moved=sum(int(i["bytes_in"]) for i in infos.values()),
+            layers_moved=layers_moved,
+            layers_kept=layers_kept,
+            actors_kept=len(chosen),
+            actors_started=len(missing),
+            duration_s=time.perf_counter() - started_s,
+        )
+        return self.last_reform
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _survivors(self, dead_ranks: set[int]) -> set[int]:
+        """Old ranks whose actor lives and whose last step has returned (failed or not)."""
+        alive = self._alive_ranks() - set(dead_ranks)
+        pending = {ref: r for r, ref in self._inflight.items() if r in alive}
+        if pending:
+            _ready, stuck = ray.wait(
+                list(pending), num_returns=len(pending), timeout=INFLIGHT_GRACE_S
+            )
+            alive -= {pending[ref] for ref in stuck}
+        self._inflight = {}
+        return alive
+
+    def _drop(self, old: int) -> None:
+        actor = self._actors[old]
+        with contextlib.suppress(Exception):  # already dead
+            ray.kill(actor, no_restart=True)
+        _remove(self._pgs[old])
+
+    def _spawn(self, spec: RankSpec, placed: PlacedGroup, plan_json: str) -> tuple[Any, WorkerInfo]:
+        reference = emulated_reference_speed(self._nodes)
+        node_id = placed.bundle_node_ids[0]
+        node = {n.node_id: n for n in self._nodes}.get(node_id)
+        factor = slowdown_factor(node, reference) if node is not None else 1.0
+        emulated = node is not None and node.emulated
+        request = placed.requests[0]
+        strategy = PlacementGroupSchedulingStrategy(
+            placed.placement_group, placement_group_bundle_index=0
+        )
+        actor = self.actor_class.options(
+            num_cpus=0 if request.uses_gpus else 1,
+            num_gpus=1 if request.uses_gpus else 0,
+            scheduling_strategy=strategy,
+        ).remote(self.job, plan_json, spec.rank, factor if emulated else None)
+        name = node.name if node is not None else node_id[:12]
+        return actor, WorkerInfo(spec.rank, node_id, name, spec.device_type, factor, emulated)
+
+    def _join(
+        self,
+        plan_json: str,
+        keep: Sequence[bool],
+        incoming: Sequence[list[Any]],
+        committed_steps: int,
+    ) -> dict[int, dict[str, Any]]:
+        """Every actor (re)builds its engine for its rank and joins a new rendezvous."""
+        timeout_s = self.options.rendezvous_timeout_s
+        where = self._gather("start", {0: self._actors[0].where.remote()}, timeout_s)[0]
+        world = (where["address"], where["port"], len(self._actors), timeout_s)
+        refs = {
+            r: a.reform.remote(plan_json, r, world, committed_steps, keep[r], incoming[r])
+            for r, a in enumerate(self._actors)
+        }
+        infos = self._gather("rendezvous", refs, timeout_s + 30.0)
+        self.workers = [
+            WorkerInfo(
+                w.rank,
+                w.node_id,
+                w.node_name,
+                w.device_type,
+                float(infos[w.rank]["slowdown_factor"]),
+                bool(infos[w.rank]["emulated"]),
+            )
+            for w in self.workers
+        ]
+        return infos
+
+
+def _assign(
+    new_ranks: Sequence[RankSpec],
+    requests: Sequence[BundleRequest],
+    nodes: Sequence[Any],
+    alive: set[int],
+    workers: Sequence[WorkerInfo],
+    held: Mapping[int, set[int]],
+) -> dict[int, int]:
+    """New rank -> surviving old rank that runs it: a node the rank may use, most layers held."""
+    from orchestrator.spec.labels import NODE_ID_LABEL
+
+    node_type = {n.node_id: n.device_type for n in nodes}
+    free = set(alive)
+    out: dict[int, int] = {}
+    for spec, request in zip(new_ranks, requests, strict=True):
+        pin = request.label_selector.get(NODE_ID_LABEL)
+        fits = [
+            old
+            for old in free
+            if node_type.get(workers[old].node_id) == spec.device_type
+            and (pin is None or workers[old].node_id == pin)
+        ]
+        if not fits:
+            continue
+        best = max(fits, key=lambda old: (len(held[old] & set(spec.layer_indices)), -old))
+        out[spec.rank] = best
+        free.discard(best)
+    return out
+
+
+def _remove(placed: PlacedGroup) -> None:
+    with contextlib.suppress(Exception):  # the placement group went with its node
+        placed.remove()
