@@ -148,16 +148,39 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(dirs, key=lambda p: p.name, reverse=True)
 
 
+# Verdicts of checkpoints that verified, by (folder, manifest checksum): recovery and ``status``
+# ask for the newest checkpoint on every call, and re-hashing a 100 GB checkpoint each time would
+# cost minutes. A cached verdict holds while every listed file keeps its size and modification
+# time; a rewritten or truncated file changes them and is hashed again. Failures are not cached.
+_VERIFIED: dict[tuple[str, str], tuple[tuple[tuple[str, int, int], ...], dict[str, Any]]] = {}
+
+
 def verify(path: Path) -> dict[str, Any]:
-    """Return the manifest of ``path`` if every file is present and matches its checksum."""
+    """Return the manifest of ``path`` if every file is present and matches its checksum.
+
+    Each checkpoint is hashed once per process: a later call with the same manifest and unchanged
+    files returns the cached verdict (see ``_VERIFIED``).
+    """
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        raw = (path / MANIFEST).read_bytes()
+        manifest = json.loads(raw)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no {MANIFEST} (partial checkpoint)") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: unreadable {MANIFEST}: {exc}") from None
     if manifest.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: format {manifest.get('format')!r}, not {CHECKPOINT_FORMAT}")
+    stats = []
+    for name in sorted(manifest["files"]):
+        try:
+            st = (path / name).stat()
+        except OSError:
+            raise CheckpointError(f"{path}: {name} is missing") from None
+        stats.append((name, st.st_size, st.st_mtime_ns))
+    key = (str(path.resolve()), hashlib.sha256(raw).hexdigest())
+    cached = _VERIFIED.get(key)
+    if cached is not None and cached[0] == tuple(stats):
+        return dict(cached[1])
     for name, digest in sorted(manifest["files"].items()):
         file = path / name
         if not file.is_file():
@@ -167,6 +190,7 @@ def verify(path: Path) -> dict[str, Any]:
     expected = {layer_file_name(i) for i in range(manifest["num_layers"])}
     if not expected <= set(manifest["files"]):
         raise CheckpointError(f"{path}: manifest lists too few layer files")
+    _VERIFIED[key] = (tuple(stats), dict(manifest))
     return dict(manifest)
 
 
