@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -52,14 +54,17 @@ def rendered_worker_env(node_name: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_a_real_ray_node_carries_its_kubernetes_node_name(tmp_path: Path) -> None:
+def test_a_real_ray_node_carries_its_kubernetes_node_name() -> None:
     pod_env = rendered_worker_env(NODE)
     assert pod_env["K8S_NODE_NAME"] == NODE
-    ray_tmp = Path(os.environ.get("RAY_TMPDIR") or tmp_path)
+    # A short folder of its own: Ray's socket paths under pytest's deep tmp_path exceed the
+    # 107-byte AF_UNIX limit, and a private root keeps other clusters' address files apart.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rni-", dir="/tmp"))
     env = {**os.environ, **pod_env, "RAY_TMPDIR": str(ray_tmp), "TMPDIR": str(ray_tmp)}
     result = subprocess.run([sys.executable, "-c", RAY_NODE_SCRIPT], env=env, capture_output=True,
                             text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     (line,) = [x for x in result.stdout.splitlines() if x.startswith("ROWS=")]
     rows = json.loads(line.removeprefix("ROWS="))
     (row,) = rows
