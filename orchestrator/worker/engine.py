@@ -427,6 +427,8 @@ class StageEngine:
 
     def shutdown(self) -> None:
         """Leave the process groups (safe to call twice)."""
+        if self.grad_sync is not None:
+            self.grad_sync.close()
         if dist.is_initialized():
             dist.destroy_process_group()
         self.groups = None

@@ -20,6 +20,7 @@ different layers), with gradients accumulated over a pipeline's microbatches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,6 +57,7 @@ class OverlappedGradSync:
     _bucket_of: dict[int, _Bucket] = field(default_factory=dict)
     _pending: dict[int, int] = field(default_factory=dict)
     _active: bool = False
+    _hooks: list[Any] = field(default_factory=list)  # removable handles of the gradient hooks
     launched_during_backward: int = 0  # buckets started before finish() in the last step
 
     def __post_init__(self) -> None:
@@ -80,7 +82,16 @@ class OverlappedGradSync:
             for b in buckets:
                 for p in b.params:
                     self._bucket_of[id(p)] = b
-                    p.register_post_accumulate_grad_hook(self._on_grad)
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+
+    def close(self) -> None:
+        """Remove the hooks: the layers may outlive this object (an actor re-formed for a new
+        plan keeps its layers), and a hook left armed by an interrupted step would otherwise
+        reduce the next engine's gradients over a stale group."""
+        self._active = False
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
 
     @property
     def num_buckets(self) -> int:
