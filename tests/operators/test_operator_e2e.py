@@ -171,6 +171,9 @@ def test_ended_rayjob_gives_the_final_phase_and_frees_the_cluster(kubeconfig, ap
                                                job("done", job_spec(controller.url)))
         wait_for(lambda: custom.get_namespaced_custom_object(
             "ray.io", "v1", "default", "rayclusters", "done"), "the RayCluster")
+        # The operator creates the RayJob after its cluster: wait for it too before patching.
+        wait_for(lambda: custom.get_namespaced_custom_object(
+            "ray.io", "v1", "default", "rayjobs", "done"), "the RayJob")
         # KubeRay's part: the job succeeded.
         custom.patch_namespaced_custom_object(
             "ray.io", "v1", "default", "rayjobs", "done",

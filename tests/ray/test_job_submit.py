@@ -50,4 +50,5 @@ def test_examples_run_as_ray_jobs(tmp_path: Path) -> None:
         )
     assert "plan (planner)" in planned
     assert "plan (file " in fixed
-    assert "checkpoint: step 10 ->" in fixed and "checkpoint: step 30 ->" in fixed
+    # The controller's checkpoint events: every 10 steps, and at the end.
+    assert "checkpoint saved at step 10" in fixed and "checkpoint saved at step 30" in fixed
