@@ -6,6 +6,7 @@ job must succeed and its loss must fall. The pipeline example checkpoints every 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -19,9 +20,15 @@ REPO = Path(__file__).resolve().parents[2]
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss ([0-9.]+) ", re.MULTILINE)
 
 
-def submit(head_url: str, env: dict[str, str], cwd: Path, job: str) -> str:
+def submit(
+    head_url: str, env: dict[str, str], cwd: Path, job: str, checkpoint_root: Path
+) -> str:
+    # The job's own checkpoint root: a relative checkpoint folder of a submitted job lives under
+    # it (docs/job.md), and a leftover from an earlier run would be resumed instead of trained.
+    runtime_env = json.dumps({"env_vars": {"ORCHESTRATOR_CHECKPOINT_ROOT": str(checkpoint_root)}})
     cmd = [
         "ray", "job", "submit", "--address", head_url, "--working-dir", ".",
+        "--runtime-env-json", runtime_env,
         "--", "orchestrator", "run", job,
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
@@ -39,8 +46,9 @@ def losses(output: str) -> list[float]:
 def test_examples_run_as_ray_jobs(tmp_path: Path) -> None:
     work = snapshot_repo(REPO, tmp_path / "repo")
     with ray_head(2, {"orchestrator.io/device-type": "cpu"}, FAST_HEALTH_CHECKS) as head:
-        planned = submit(head.dashboard_url, head.env, work, "examples/gpt-tiny.yaml")
-        fixed = submit(head.dashboard_url, head.env, work, "examples/gpt-tiny-pipeline.yaml")
+        root = tmp_path / "checkpoints"
+        planned = submit(head.dashboard_url, head.env, work, "examples/gpt-tiny.yaml", root)
+        fixed = submit(head.dashboard_url, head.env, work, "examples/gpt-tiny-pipeline.yaml", root)
     for output, steps in ((planned, 40), (fixed, 30)):
         got = losses(output)
         assert len(got) == steps, output[-3000:]
