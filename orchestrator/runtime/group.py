@@ -84,6 +84,7 @@ class WorkerGroup:
         self._actors: list[Any] = []
         self._placed: PlacedGroup | None = None
         self._nodes: list[RayNode] = []
+        self._inflight: dict[int, Any] = {}  # rank -> its current (or last failed) step's ref
 
     # ---- the port ---------------------------------------------------------------------------
 
@@ -122,7 +123,10 @@ class WorkerGroup:
         step = self.next_step
         started = time.perf_counter()
         refs = {r: a.train_step.remote(step) for r, a in enumerate(self._actors)}
+        # Kept when the step fails: a group re-formed in place waits for its survivors' calls.
+        self._inflight = dict(refs)
         results = self._gather(f"step {step}", refs, self.options.step_timeout_s)
+        self._inflight = {}
         duration_s = time.perf_counter() - started
         self.next_step = step + 1
         return self._report(step, results, duration_s)

@@ -46,7 +46,6 @@ from orchestrator.runtime.placement import (
 )
 from orchestrator.runtime.validation import validate_model_for_plan, validate_plan_for_cluster
 from orchestrator.spec.plan import Plan
-from orchestrator.spec.reports import StepReport
 from orchestrator.worker.topology import RankSpec, ranks_for_plan
 
 # How long a survivor's step blocked on a dead peer may take to fail before the survivor is dropped.
@@ -80,10 +79,9 @@ class ElasticWorkerGroup(WorkerGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pgs: list[PlacedGroup] = []
-        self._inflight: dict[int, Any] = {}  # rank -> its last step's ref
         self.last_reform: ReformReport | None = None
 
-    # -- launching and stepping ------------------------------------------------------------
+    # -- launching ------------------------------------------------------------
 
     def launch(
         self,
@@ -114,18 +112,6 @@ class ElasticWorkerGroup(WorkerGroup):
             raise
         self.next_step = start_step
         return self.workers
-
-    def step(self) -> StepReport:
-        assert self.plan is not None, "step() before launch()"
-        step = self.next_step
-        started = time.perf_counter()
-        refs = {r: a.train_step.remote(step) for r, a in enumerate(self._actors)}
-        self._inflight = dict(refs)
-        results = self._gather(f"step {step}", refs, self.options.step_timeout_s)
-        self._inflight = {}
-        duration_s = time.perf_counter() - started
-        self.next_step = step + 1
-        return self._report(step, results, duration_s)
 
     def stop(self) -> None:
         actors, self._actors = self._actors, []
