@@ -80,7 +80,7 @@ def test_own_model_from_a_local_file_runs_as_a_ray_job(tmp_path: Path) -> None:
     folder = repo / "examples" / "own-model"
     with ray_head(2, {"orchestrator.io/device-type": "cpu"}, FAST_HEALTH_CHECKS) as head:
         env = {**head.env, "PYTHONPATH": str(repo)}
-        output = submit(head.dashboard_url, env, folder, "job.yaml")
+        output = submit(head.dashboard_url, env, folder, "job.yaml", tmp_path / "checkpoints")
     got = losses(output)
     assert len(got) == 30, output[-3000:]
     assert sum(got[-5:]) / 5 < sum(got[:5]) / 5 - 0.5, got
