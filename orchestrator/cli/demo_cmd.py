@@ -1,6 +1,6 @@
 """``orchestrator demo``: elastic training on a local emulated mixed cluster, with nothing else.
 
-Starts a local multi-node Ray cluster of emulated device types (2x A100-80, 2x T4), profiles the
+Starts a local multi-node Ray cluster of emulated device types (1x A100-80, 3x T4), profiles the
 example GPT on each type, trains it with the elastic controller, crashes an A100 node mid-run,
 adds an L4 node later, and prints a summary. Stops every process it started; exits 1 if training
 did not complete. See docs/demo.md.
@@ -16,17 +16,21 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
+from orchestrator.demo.scenario import DEFAULT_STEPS
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="train the example GPT on a local emulated mixed cluster through a crash and a join",
         description=(
-            "Start a local Ray cluster of emulated 2x A100 + 2x T4 nodes, profile and train the "
+            "Start a local Ray cluster of emulated 1x A100 + 3x T4 nodes, profile and train the "
             "example GPT elastically, crash a node mid-run, add an L4 node later, and summarise."
         ),
     )
-    parser.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    parser.add_argument(
+        "--steps", type=int, default=DEFAULT_STEPS, help=f"training steps (default {DEFAULT_STEPS})"
+    )
     parser.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
     parser.add_argument("--no-failure", action="store_true", help="do not crash a node")
     parser.add_argument(

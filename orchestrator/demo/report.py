@@ -37,6 +37,7 @@ def render(summary: DemoSummary) -> list[str]:
     lines.append("plans (before and after each change):")
     for plan in summary.plans:
         lines.extend(_plan_lines(plan, start_s))
+    lines.extend(_uniform_lines(summary.uniform_data_parallel))
     lines.extend(_crash_lines(summary.crash))
     lines.extend(_join_lines(summary.join))
     tp = summary.throughput_samples_per_s
@@ -93,3 +94,18 @@ def _join_lines(join: dict[str, Any] | None) -> list[str]:
     if join.get("reason"):
         lines.append(f"  decision: {join['reason']}")
     return lines
+
+
+def _uniform_lines(uniform: dict[str, Any] | None) -> list[str]:
+    """The initial plan against uniform data parallel on the same nodes (both predicted)."""
+    if not uniform:
+        return []
+    if uniform.get("uniform_predicted_step_s") is None:
+        return [f"  uniform data parallel: not possible ({uniform.get('note', '')})"]
+    shares = uniform.get("uniform_batch_per_worker") or []
+    share = "/".join(str(s) for s in sorted(set(shares)))
+    return [
+        f"  uniform data parallel on the starting nodes ({len(shares)} workers, batch {share} "
+        f"each, as Ray Train runs): predicted {uniform['uniform_predicted_step_s']:.3f} s/step, "
+        f"{_num(uniform.get('uniform_over_plan'), '.2f', 'x')} the initial plan's (emulated)"
+    ]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.demo.baseline import FirstPlan, UniformLine, first_plan
 from orchestrator.demo.cluster import ClusterNode, LocalCluster
 from orchestrator.demo.output import DemoOutput, ray_output_to
 from orchestrator.demo.scenario import DemoScenario, write_job
@@ -62,8 +63,28 @@ def _run(
     # The joining type was only there to be profiled: it joins for real mid-run.
     cluster.stop(cluster.nodes[-1])
     _wait_for_nodes(len(scenario.start))
-    timeline, summary = _train(scenario, job_file, cluster, output)
-    return build_summary(scenario, summary, timeline, profiled, workdir, cluster.temp_dir)
+    uniform = UniformLine(_first_plan(scenario, job_file, output))
+    timeline, summary = _train(scenario, job_file, cluster, output, uniform)
+    result = build_summary(scenario, summary, timeline, profiled, workdir, cluster.temp_dir)
+    result.uniform_data_parallel = uniform.to_json()
+    return result
+
+
+def _first_plan(scenario: DemoScenario, job_file: Path, output: DemoOutput) -> FirstPlan | None:
+    """The planner's plan for the starting nodes and uniform data parallel beside it, from the
+    profiles just measured (the controller plans from the same files)."""
+    from orchestrator.errors import UserError
+    from orchestrator.runtime.jobs import load_job
+    from orchestrator.spec.profiles import ProfileSet
+
+    job = load_job(job_file)
+    assert job.profiles is not None
+    try:
+        profiles = ProfileSet.load([job.resolve_path(job.profiles, job_file)])
+        return first_plan(scenario, profiles.for_model(job.model.shape.name))
+    except UserError as exc:  # the controller will say what is wrong; the baseline is extra
+        output.line(f"  (no uniform data-parallel comparison: {exc})")
+        return None
 
 
 def _profile(job_file: Path, output: DemoOutput, cache: Path) -> list[Any]:
@@ -99,7 +120,11 @@ def _wait_for_nodes(count: int, timeout_s: float = 30.0) -> None:
 
 
 def _train(
-    scenario: DemoScenario, job_file: Path, cluster: LocalCluster, output: DemoOutput
+    scenario: DemoScenario,
+    job_file: Path,
+    cluster: LocalCluster,
+    output: DemoOutput,
+    uniform: UniformLine,
 ) -> tuple[Timeline, dict[str, Any]]:
 
     from orchestrator.runtime.elastic.controller_actor import RunHandle
@@ -115,7 +140,7 @@ def _train(
         with progress("training", scenario.steps, console=output.console) as bar:
             output.attach_bar(output.console)
             try:
-                summary = _follow(handle, scenario, cluster, timeline, output, bar)
+                summary = _follow(handle, scenario, cluster, timeline, output, bar, uniform)
             finally:
                 output.attach_bar(None)
     finally:
@@ -130,6 +155,7 @@ def _follow(
     timeline: Timeline,
     output: DemoOutput,
     bar: Any,
+    uniform: UniformLine,
 ) -> dict[str, Any]:
     """Follow the run's typed updates; print its decisions; crash and add nodes on schedule."""
     from orchestrator.runtime.elastic.session import describe_plan
@@ -146,11 +172,16 @@ def _follow(
                 replicas = [line.strip() for line in describe_plan(update.plan)]
                 log = PlanLog(now_s, update.reason, devices, update.predicted_step_s, replicas)
                 timeline.add_plan(now_s, log)
+                uniform.on_plan(update.reason, update.predicted_step_s)
             elif isinstance(update, StepDone):
                 steps = update.report.step + 1
         for line in handle.lines():
             if not line.startswith("step "):  # step lines become the progress bar instead
                 output.line(line)
+            uniform.saw_line(line)
+        beside = uniform.take()  # after the initial plan's own lines
+        if beside is not None:
+            output.line(beside)
         if done:
             return handle.result().to_json()
         timeline.record(time.time(), steps)

@@ -52,6 +52,9 @@ class DemoSummary:
     # Every Ray process the demo started ran under this directory (gone once it stopped them).
     ray_temp_dir: str = ""
     events: list[dict[str, Any]] = field(default_factory=list)
+    # Uniform data parallel (every worker the same share) on the starting nodes, costed by the
+    # same cost model as the initial plan (demo/baseline.py); None when it was not computed.
+    uniform_data_parallel: dict[str, Any] | None = None
 
     @property
     def loss_fell(self) -> bool:

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-# Short enough for a test, long enough that the join's switch pays with room to spare: ~300 steps
-# remain after the join, and the measured gain per step (0.045-0.07 s on 2 cores) times that is
-# 2.4-3.7x the measured switch cost (~5-6 s), so a slower machine does not flip the decision.
-STEPS = 400
+# Short enough for a test, long enough that the join's switch pays with room to spare: 225 steps
+# remain after the join, and the gain per step of adding the two L4s to the T4s left after the
+# crash, times that, is many times the measured switch cost (~5-6 s), so a slower machine does
+# not flip the decision.
+STEPS = 300
 
 
 def run_demo(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
@@ -60,6 +61,12 @@ def test_demo_survives_a_crash_and_switches_on_a_join(tmp_path: Path) -> None:
     assert reasons[0] == "initial" and "failure" in reasons
     assert any(p["reason"] == "join" and "L4" in p["devices"] for p in plans)
     assert plans[0]["devices"] != plans[-1]["devices"]
+    # The first plan is heterogeneous: both types, uneven batch shares, beside uniform DP.
+    assert set(plans[0]["devices"]) == {"A100-80", "T4"}
+    assert len({r.split(",")[0] for r in plans[0]["replicas"]}) > 1
+    uniform = summary["uniform_data_parallel"]
+    assert uniform is not None and uniform["uniform_batch_per_worker"] == [12, 12, 12, 12]
+    assert uniform["uniform_over_plan"] > 1.0
     # Training did something, and the output says what was emulated.
     assert summary["loss_fell"] is True
     assert summary["last_loss"] < summary["first_loss"]
