@@ -1,7 +1,9 @@
 """Profiles given on the command line that do not match the model are ignored, never silently.
 
 A profile measured for another model, sequence length or dtype would mislead the cost model;
-each such file is left out with a warning on stderr that names the file and the reason.
+each such file is left out with a warning on stderr that names the file and the reason. A file
+for this model that names a layer the model does not have is refused (it describes some other
+model of the same name).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from orchestrator.spec.model import ModelSpec
-from orchestrator.spec.profiles import ProfileFile, ProfileSet, read_profile
+from orchestrator.spec.profiles import ProfileFile, ProfileSet, check_layer_range, read_profile
 
 
 def _why_not(profile: ProfileFile, model: ModelSpec) -> str | None:
@@ -39,6 +41,7 @@ def profiles_for_model(
             profile = read_profile(path)
             reason = _why_not(profile, model)
             if reason is None:
+                check_layer_range(profile, path, model.num_planner_layers)
                 kept.append(profile)
             else:
                 say(f"warning: {path} ignored: {reason}")

@@ -20,7 +20,6 @@ from orchestrator.costmodel import (
     estimate_with_tables,
     fluid_bound,
 )
-from orchestrator.costmodel.bound import memory_bound
 from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.errors import InfeasibleError
 from orchestrator.planner.placement import place
@@ -139,41 +138,10 @@ def uniform_data_parallel(
 
 
 def _shortfall_message(tables: CostTables, infos: dict[str, TypeInfo]) -> str:
-    """Why nothing fits: the memory lower bound, and a shortfall only where one is proven."""
-    bound = memory_bound(
-        tables,
-        {d: i.num_devices for d, i in infos.items()},
-        {d: i.memory_cap_bytes for d, i in infos.items()},
-        {d: list(i.tp_options) for d, i in infos.items()},
-    )
-    have = "; ".join(
-        f"{d}: {i.num_devices} x {i.memory_cap_bytes / GiB:.1f} GiB usable"
-        for d, i in sorted(infos.items())
-    )
-    mbs = min(tables.training.microbatch_sizes)
-    if bound.pipeline_shortfall_bytes > 0:
-        return (
-            f"one pipeline needs >= {bound.pipeline_need_bytes / GiB:.1f} GiB (training state "
-            f"{bound.state_bytes / GiB:.1f} + one microbatch of {mbs} in flight per layer "
-            f"{bound.activation_bytes / GiB:.1f}) and the whole cluster has "
-            f"{bound.cluster_usable_bytes / GiB:.1f} GiB usable ({have}): missing "
-            f"{bound.pipeline_shortfall_bytes / GiB:.1f} GiB"
-        )
-    if bound.layer_shortfall_bytes() > 0:
-        parts = [
-            f"{d}: its largest layer needs {need / GiB:.1f} GiB per device at tp "
-            f"{max(infos[d].tp_options)}, has {cap / GiB:.1f} GiB usable (missing "
-            f"{(need - cap) / GiB:.1f} GiB)"
-            for d, (need, cap) in sorted(bound.largest_layer_by_type.items())
-        ]
-        return "no device holds the largest layer: " + "; ".join(parts)
-    return (
-        "the memory lower bound is met (one pipeline needs >= "
-        f"{bound.pipeline_need_bytes / GiB:.1f} GiB, the cluster has "
-        f"{bound.cluster_usable_bytes / GiB:.1f} GiB usable: {have}), but "
-        "no pipeline the planner searches fits: under 1F1B stage s of p holds p - s microbatches "
-        "in flight, so the first stages need more than the even share"
-    )
+    """Why nothing fits (planner/infeasible.py): a proven shortfall, or the real cause."""
+    from orchestrator.planner.infeasible import explain
+
+    return explain(tables, infos)
 
 
 def make_plan(

@@ -150,8 +150,40 @@ def read_profile(path: Path) -> ProfileFile:
             fix="re-import or re-measure the profile with this version",
         )
     try:
-        return ProfileFile.model_validate(raw)
+        profile = ProfileFile.model_validate(raw)
     except ValidationError as exc:
         from orchestrator.spec.loading import describe_validation_error
 
         raise SpecError(describe_validation_error(exc, str(path))) from None
+    _refuse_negative_layers(profile, path)
+    return profile
+
+
+def _refuse_negative_layers(profile: ProfileFile, path: Path) -> None:
+    """Planner layers count from 0 (the embedding); a negative index names no layer."""
+    for n, entry in enumerate(profile.entries):
+        negative = sorted(i for i in entry.layers if i < 0)
+        if negative:
+            raise SpecError(
+                f"{path}: entries[{n}].layers: layer {negative[0]} is negative; planner layers "
+                "count from 0 (the embedding)",
+                field=f"entries[{n}].layers",
+                fix="number the layers 0 (embedding), 1..num_layers (blocks), num_layers + 1 "
+                "(head), or measure the profile again with `orchestrator profile`",
+            )
+
+
+def check_layer_range(profile: ProfileFile, path: Path, num_planner_layers: int) -> None:
+    """Refuse a profile naming a layer the model does not have (a file for a deeper model of
+    the same name, say): its figures would describe some other model."""
+    for n, entry in enumerate(profile.entries):
+        beyond = sorted(i for i in entry.layers if i >= num_planner_layers)
+        if beyond:
+            raise SpecError(
+                f"{path}: entries[{n}].layers: layer {beyond[0]} is out of range; model "
+                f"{profile.model!r} has planner layers 0..{num_planner_layers - 1} "
+                f"({num_planner_layers - 2} blocks plus the embedding and the head)",
+                field=f"entries[{n}].layers",
+                fix="measure this model again with `orchestrator profile`, or pass the profiles "
+                "measured for it",
+            )
