@@ -13,7 +13,9 @@ from orchestrator.errors import SpecError
 def check_plan_fits(plan: Any, cluster: Any, model: Any, training: Any | None) -> None:
     """The global batch agrees with a training file (None: none given); tp fits the nodes and
     divides the heads; pinned nodes are of the stage's device type. (A replica batch below the
-    microbatch size is not a mistake: that replica runs one smaller microbatch.)"""
+    microbatch size is not a mistake: that replica runs one smaller microbatch; a microbatch
+    larger than every replica's batch is.)"""
+    check_microbatch(plan)
     if training is not None and plan.global_batch_size != training.global_batch_size:
         raise SpecError(
             f"the plan's global_batch_size ({plan.global_batch_size}) differs from the "
@@ -49,3 +51,16 @@ def check_plan_fits(plan: Any, cluster: Any, model: Any, training: Any | None) -
                     field=f"{where}.node",
                     fix="pin it to a node of its device type, or drop the node field",
                 )
+
+
+def check_microbatch(plan: Any, field: str = "plan.microbatch_size") -> None:
+    """A microbatch no replica can fill: no replica would run it, and the plan's memory and time
+    would be costed for microbatches that never exist."""
+    largest = max(r.batch_size for r in plan.replicas)
+    if plan.microbatch_size > largest:
+        raise SpecError(
+            f"microbatch_size {plan.microbatch_size} is larger than every replica's batch "
+            f"(the largest is {largest})",
+            field=field,
+            fix=f"set microbatch_size to {largest} or less, or re-plan with `orchestrator plan`",
+        )

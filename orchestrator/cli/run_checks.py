@@ -83,6 +83,9 @@ def check_job_paths(job: JobSpec, job_file: Path, plan_file: Path | None) -> Non
         field = "--plan" if plan_file is not None else "plan"
         _file(plan_path, field, "a plan file from `orchestrator plan --out`")
         plan = load_plan(plan_path)
+        from orchestrator.cli.plan_checks import check_microbatch
+
+        check_microbatch(plan, field=f"{field} microbatch_size")
         if plan.global_batch_size != job.training.global_batch_size:
             raise UserError(
                 f"the plan's global batch ({plan.global_batch_size}) differs from "
