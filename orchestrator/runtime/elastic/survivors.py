@@ -154,6 +154,12 @@ class ElasticWorkerGroup(WorkerGroup):
         chosen = _assign(new_ranks, requests, self._nodes, alive, self.workers, held)
         # Place the actors the new plan still needs (survivors it does not use go after exports).
         unused = set(range(len(self._actors))) - set(chosen.values())
+        # Actors that are no survivors (stuck on a dead peer, say) hold no state to export but
+        # still hold their node's slot: stop them first, or a new actor for that node waits for
+        # a slot that frees only after it was placed.
+        for old in sorted(unused - alive):
+            self._drop(old)
+        unused &= alive
         missing = [spec.rank for spec in new_ranks if spec.rank not in chosen]
         fresh_pgs = place_each([requests[r] for r in missing], self.options.placement_timeout_s)
         plan_json = plan.model_dump_json()
