@@ -12,6 +12,7 @@ import argparse
 import json
 import shutil
 import signal
+import sys
 import tempfile
 from pathlib import Path
 from types import FrameType
@@ -63,8 +64,13 @@ def run(args: argparse.Namespace) -> int:
     output = DemoOutput(quiet=args.json)
     # A SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process the demo started.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    from orchestrator.demo.cluster import ClusterStartError
+
     try:
         summary = run_demo(scenario, workdir.resolve(), output, profile_cache)
+    except ClusterStartError as exc:  # the work failed (not the input): one line, exit 1
+        print(f"orchestrator demo: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)

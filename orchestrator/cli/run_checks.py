@@ -101,10 +101,24 @@ def check_job_paths(job: JobSpec, job_file: Path, plan_file: Path | None) -> Non
                 field="profiles",
                 fix="run `orchestrator profile` first, or drop profiles:",
             )
+        _check_profiles(path, job)
     if job.data.corpus is not None:
         _file(job.resolve_path(job.data.corpus, job_file), "data.corpus", "a text file")
     if job.checkpoint is not None:
         _writable_dir(job.resolve_path(job.checkpoint.dir, job_file), "checkpoint.dir")
+
+
+def _check_profiles(path: Path, job: JobSpec) -> None:
+    """The profiles load as the controller will load them (an empty folder, an unknown format, a
+    bad or conflicting file is refused), and this model's name no layer it does not have."""
+    from orchestrator.spec.profiles import ProfileSet, check_layer_range, read_profile
+
+    ProfileSet.load([path])
+    shape = job.model.shape
+    for file in sorted(path.rglob("*.json")) if path.is_dir() else [path]:
+        profile = read_profile(file)
+        if profile.model == shape.name:
+            check_layer_range(profile, file, shape.num_planner_layers)
 
 
 def _file(path: Path, field: str, what: str) -> None:

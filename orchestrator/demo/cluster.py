@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.errors import OrchestratorError
 from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS, crash_node
 from orchestrator.runtime.local_ray import (
     PrivateRayEnv,
@@ -31,6 +32,21 @@ from orchestrator.spec.labels import DEVICE_TYPE_LABEL, EMULATED_SPEED_LABEL
 
 # Each node's object store; Ray's default (30% of RAM per node) would reserve far too much.
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
+
+
+class ClusterStartError(OrchestratorError):
+    """The local cluster did not start (every process it started was stopped)."""
+
+
+def _start_failure_text(exc: Exception) -> str:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    load = ""
+    with contextlib.suppress(OSError):
+        load = f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    return (
+        f"the local Ray cluster did not start: {first}{load}; every process it started was "
+        "stopped. On a busy machine, try again when it is quieter"
+    )
 
 
 @dataclass(frozen=True)
@@ -78,10 +94,12 @@ class LocalCluster:
         before = child_pids()
         try:
             self._start(kinds)
-        except BaseException:
+        except BaseException as exc:
             self._cluster = None
             kill_started(before)
             self._env.restore()
+            if isinstance(exc, Exception):  # Ctrl-C and exits go on as they are
+                raise ClusterStartError(_start_failure_text(exc)) from exc
             raise
 
     def _start(self, kinds: Sequence[NodeKind]) -> None:
