@@ -77,7 +77,7 @@ class StackModel:
             embed = self.build_layer(0)
             sample = embed(torch.zeros(1, sequence_length, dtype=torch.long))
         self._boundary = tuple(sample.shape[1:])
-        self._dtype = sample.dtype
+        self._dtype: torch.dtype = sample.dtype
 
     @property
     def per_stage(self) -> bool:
