@@ -172,8 +172,9 @@ class DataSection(BaseModel):
             )
         stray = [n for n in ("column", "tokenizer", "split") if getattr(self, n) is not None]
         if stray and self.hf_dataset is None:
+            them = "it" if len(stray) == 1 else "them"
             raise ValueError(
-                f"{', '.join(stray)} belong to hf_dataset: add hf_dataset or drop them"
+                f"{' and '.join(stray)} only go with hf_dataset: add hf_dataset or drop {them}"
             )
         return self
 

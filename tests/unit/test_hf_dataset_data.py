@@ -138,7 +138,7 @@ def test_job_form_resolves_folders_beside_the_job(files: Path) -> None:
     data = worker_job(load_job(job_file), job_file).data
     assert data["hf_dataset"] == str(files / "ds") and data["hf_tokenizer"] == str(files / "tok")
     assert (data["hf_column"], data["hf_split"]) == ("text", "train")
-    with pytest.raises(SpecError, match="belong to hf_dataset"):
+    with pytest.raises(SpecError, match="column only go with hf_dataset"):
         load_job(_job(files, "{tokens: x.bin, column: text}"))
     with pytest.raises(SpecError, match="not tokens and hf_dataset"):
         load_job(_job(files, "{tokens: x.bin, hf_dataset: ds}"))
