@@ -13,16 +13,24 @@ from torch import nn
 
 
 class MixerBlock(nn.Module):
-    """Causal token mixing by a learned lower-triangular matrix, then a gated MLP."""
+    """Causal token mixing by a learned lower-triangular matrix, then a gated MLP.
+
+    Its own parameter is initialised in ``reset_parameters`` (as torch's layers do), so each
+    worker can build only its stage's blocks (docs/models.md).
+    """
 
     def __init__(self, width: int, length: int) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(width)
-        self.mix = nn.Parameter(torch.randn(length, length) * 0.02)
+        self.mix = nn.Parameter(torch.empty(length, length))
         self.norm2 = nn.LayerNorm(width)
         self.up = nn.Linear(width, 4 * width)
         self.gate = nn.Linear(width, 4 * width)
         self.down = nn.Linear(4 * width, width)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.mix, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         length = x.shape[1]

@@ -41,6 +41,7 @@ def worker_job(job: JobSpec, job_file: Path | str) -> WorkerJob:
     tokens = job.data.tokens
     if tokens is not None:
         tokens = str(job.resolve_path(tokens, job_file))
+    hf_data = _hf_dataset_fields(job, job_file)
     return WorkerJob(
         model_factory=job.model.factory,
         model_kwargs=model_kwargs(job),
@@ -52,6 +53,7 @@ def worker_job(job: JobSpec, job_file: Path | str) -> WorkerJob:
             "token_file": tokens,
             "token_dtype": job.data.dtype.value,
             "validation_fraction": job.data.validation_fraction,
+            **hf_data,
             "global_batch_size": job.training.global_batch_size,
             "vocab_size": job.model.shape.vocab_size,
         },
@@ -65,6 +67,20 @@ def worker_job(job: JobSpec, job_file: Path | str) -> WorkerJob:
             "skip_nonfinite_steps": job.training.skip_nonfinite_steps,
         },
     )
+
+
+def _hf_dataset_fields(job: JobSpec, job_file: Path | str) -> dict[str, object]:
+    """The ``hf_dataset`` form's worker data fields, its folders relative to the job file."""
+    d = job.data
+    if d.hf_dataset is None:
+        return {}
+    tokenizer = str(job.resolve_path(d.tokenizer, job_file)) if d.tokenizer else None
+    return {
+        "hf_dataset": str(job.resolve_path(d.hf_dataset, job_file)),
+        "hf_column": d.column or "text",
+        "hf_tokenizer": tokenizer,
+        "hf_split": d.split or "train",
+    }
 
 
 def optimizer_recipe(job: JobSpec) -> OptimizerRecipe:

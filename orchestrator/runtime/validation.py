@@ -34,11 +34,12 @@ def validate_model(job: WorkerJob, num_planner_layers: int) -> None:
     """Import and call the model factory here; its layer count must be ``num_planner_layers``.
 
     Building the model object is cheap: a layered model builds layers only on request
-    (``build_layer``), so no parameters are allocated in the driver.
+    (``build_layer``), so no parameters are allocated in the driver. Token data is checked
+    here too; a Hugging Face dataset is tokenized into its cache here, once, for every worker.
     """
     model = build_model(job.model_factory, dict(job.model_kwargs))
     check_layer_count(model, num_planner_layers)
-    if job.data.get("token_file") is not None:
+    if job.data.get("token_file") is not None or job.data.get("hf_dataset") is not None:
         from orchestrator.worker.data import DataConfig, check_data
 
         check_data(DataConfig(**job.data), job.seed)

@@ -134,7 +134,8 @@ class TokenDtype(StrEnum):
 
 
 class DataSection(BaseModel):
-    """Training data: a text corpus read byte by byte, or a dataset factory by import path.
+    """Training data: a text corpus read byte by byte, a token file, a Hugging Face dataset saved
+    to disk (tokenized once into a cached token file), or a dataset factory by import path.
 
     With neither, the public-domain corpus shipped in the package is used. Batches are drawn
     deterministically from the seed and the step number, so every plan sees the same global batch
@@ -152,14 +153,28 @@ class DataSection(BaseModel):
     dtype: TokenDtype = TokenDtype.UINT16
     # The last fraction of the token file's windows, never trained on (validation).
     validation_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    # A Hugging Face dataset saved to disk (Dataset.save_to_disk), its text or token-id column,
+    # a local tokenizer folder (for text) and the split of a saved DatasetDict; docs/models.md.
+    hf_dataset: str | None = None
+    column: str | None = None
+    tokenizer: str | None = None
+    split: str | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSection:
-        given = [n for n in ("corpus", "dataset", "tokens") if getattr(self, n) is not None]
+        given = [
+            n for n in ("corpus", "dataset", "tokens", "hf_dataset") if getattr(self, n) is not None
+        ]
         if len(given) > 1:
             raise ValueError(
-                f"give one of corpus (a text file), tokens (a token file) or dataset "
-                f"(package.module:function), not {' and '.join(given)}"
+                f"give one of corpus (a text file), tokens (a token file), hf_dataset (a saved "
+                f"dataset) or dataset (package.module:function), not {' and '.join(given)}"
+            )
+        stray = [n for n in ("column", "tokenizer", "split") if getattr(self, n) is not None]
+        if stray and self.hf_dataset is None:
+            them = "it" if len(stray) == 1 else "them"
+            raise ValueError(
+                f"{' and '.join(stray)} only go with hf_dataset: add hf_dataset or drop {them}"
             )
         return self
 

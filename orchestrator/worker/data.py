@@ -37,6 +37,12 @@ class DataConfig:
     token_file: str | None = None
     token_dtype: str = "uint16"
     validation_fraction: float = 0.0
+    # A Hugging Face dataset saved to disk (orchestrator.worker.data_hf): folder, column,
+    # local tokenizer folder, split of a DatasetDict.
+    hf_dataset: str | None = None
+    hf_column: str = "text"
+    hf_tokenizer: str | None = None
+    hf_split: str = "train"
     # For the checks before anything starts (file long enough, ids within the vocabulary).
     global_batch_size: int | None = None
     vocab_size: int | None = None
@@ -95,6 +101,20 @@ class CorpusDataset:
 
 def make_dataset(config: DataConfig, seed: int = 0) -> Dataset:
     """Build the dataset a :class:`DataConfig` names (a token file is checked here too)."""
+    if config.hf_dataset is not None:
+        from orchestrator.worker.data_hf import HFDataSource, open_hf_dataset
+
+        source = HFDataSource(
+            config.hf_dataset, config.hf_column, config.hf_tokenizer, config.hf_split
+        )
+        return open_hf_dataset(
+            source,
+            config.sequence_length,
+            seed,
+            config.validation_fraction,
+            config.global_batch_size,
+            config.vocab_size,
+        )
     if config.token_file is not None:
         from orchestrator.worker.data_tokens import TokenFileDataset
 

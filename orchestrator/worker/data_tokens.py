@@ -70,15 +70,23 @@ class TokenFileDataset:
         self.num_train_windows = windows - self.num_validation_windows
         self._perms: dict[int, torch.Tensor] = {}
 
-    def check(self, global_batch_size: int, vocab_size: int | None) -> None:
-        """One-line errors for a file shorter than one global batch or ids beyond the vocab."""
+    def check(
+        self,
+        global_batch_size: int,
+        vocab_size: int | None,
+        label: str | None = None,
+        field: str = "data.tokens",
+    ) -> None:
+        """One-line errors for a file shorter than one global batch or ids beyond the vocab
+        (``label`` and ``field`` name the data as the job wrote it; default: the token file)."""
+        what = label or f"token file {self.path}"
         if self.num_train_windows < global_batch_size:
             need = global_batch_size * self.sequence_length + 1
             raise SpecError(
-                f"token file {self.path} has {len(self.tokens)} tokens ({self.num_train_windows} "
+                f"{what} has {len(self.tokens)} tokens ({self.num_train_windows} "
                 f"training windows of {self.sequence_length}), fewer than one global batch of "
                 f"{global_batch_size} needs ({need} tokens)",
-                field="data.tokens",
+                field=field,
                 fix="use a longer file, a smaller global_batch_size, sequence_length or "
                 "validation_fraction",
             )
@@ -87,18 +95,17 @@ class TokenFileDataset:
         meta = read_meta(self.path)
         if meta is not None and int(meta.get("vocab_size", 0)) > vocab_size:
             raise SpecError(
-                f"token file {self.path} was made with a tokenizer of {meta['vocab_size']} ids, "
+                f"{what} was made with a tokenizer of {meta['vocab_size']} ids, "
                 f"more than the model's vocab_size {vocab_size}",
-                field="data.tokens",
+                field=field,
                 fix="prepare the data with the model's own tokenizer",
             )
         # Without a description, look at the head of the file (bounded: 16M ids).
         head = np.asarray(self.tokens[: 1 << 24])
         if head.size and int(head.max()) >= vocab_size:
             raise SpecError(
-                f"token file {self.path} holds id {int(head.max())}, outside the model's "
-                f"vocab_size {vocab_size}",
-                field="data.tokens",
+                f"{what} holds id {int(head.max())}, outside the model's vocab_size {vocab_size}",
+                field=field,
                 fix="prepare the data with the model's own tokenizer, or check data.dtype",
             )
 

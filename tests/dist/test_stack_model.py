@@ -11,7 +11,7 @@ import torch
 from dist_cases import layer_relative_errors, make_plan
 
 from orchestrator.errors import SpecError
-from orchestrator.models.stack import StackModel, stack_model_spec
+from orchestrator.models.stack import StackModel, stack_model_spec, stack_piece
 from orchestrator.spec.job import JobSpec
 from orchestrator.runtime.jobs import load_job
 from orchestrator.worker.data import DataConfig
@@ -38,13 +38,18 @@ def test_adapter_equals_the_module(tmp_path: Path) -> None:
         out = layers[i](out)
     loss = model.loss(out, ids[:, 1:])
     loss.backward()
-    whole = model.module
+    # The module itself, whole and eager, holding the layers' weights.
+    import my_model
+
+    whole = my_model.build(depth=3)
+    for i in range(model.num_planner_layers):
+        stack_piece(whole, i).load_state_dict(layers[i].state_dict())
     ref = whole.loss(whole(ids[:, :-1]), ids[:, 1:])
     ref.backward()
     assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-6)
     for i in range(model.num_planner_layers):
         for (name, p), q in zip(
-            layers[i].named_parameters(), model.piece(i).parameters(), strict=True
+            layers[i].named_parameters(), stack_piece(whole, i).parameters(), strict=True
         ):
             assert torch.allclose(p.grad, q.grad, atol=1e-7), (i, name)
     assert model.boundary_shape(5) == (5, SEQ, 64)
@@ -53,7 +58,7 @@ def test_adapter_equals_the_module(tmp_path: Path) -> None:
 def test_shape_is_counted_and_the_job_form_measures_it(tmp_path: Path) -> None:
     model = StackModel("my_model:build", SEQ, 256)
     spec = stack_model_spec(model)
-    assert spec.total_params == sum(p.numel() for p in model.module.parameters())
+    assert spec.total_params == sum(p.numel() for p in model.module.parameters())  # on meta
     assert (spec.num_layers, spec.hidden_size) == (4, 64)
     job_file = tmp_path / "job.yaml"
     job_file.write_text((EXAMPLE / "job.yaml").read_text())
