@@ -60,6 +60,7 @@ MICROBATCHES = [4, 8, 16]
 # leave CPU time to spare on a small machine: 2 x 1/4 + 4 x 1/16 = 0.75 cores busy at most.
 FAST, SLOW = ("A100-80", 0.25), ("T4", 0.0625)
 NUM_FAST, NUM_SLOW = 2, 4
+ONLY_OURS = False  # --only-ours: skip TorchTrainer (the cost model's accuracy alone)
 REFERENCE_SPEED = 1.0  # the host CPU (orchestrator.runtime.discovery.emulated_reference_speed)
 
 
@@ -101,8 +102,13 @@ def training() -> TrainingSpec:
     )
 
 
-def measure_ours(job: WorkerJob, plan: Plan, steps: int, warmup: int = 3) -> float:
-    """Mean step time of ``plan`` through the WorkerGroup, timed at the driver."""
+def measure_ours(
+    job: WorkerJob, plan: Plan, steps: int, warmup: int = 3, estimate: object = None
+) -> float:
+    """Mean step time of ``plan`` through the WorkerGroup, timed at the driver.
+
+    With the cost model's ``estimate``, prints where the step goes per rank against it.
+    """
     group = WorkerGroup(job)
     try:
         group.launch(plan)
@@ -110,10 +116,14 @@ def measure_ours(job: WorkerJob, plan: Plan, steps: int, warmup: int = 3) -> flo
             group.step()
         started = time.perf_counter()
         busiest_s = 0.0
+        reports = []
         for _ in range(steps):
             report = group.step()
+            reports.append(report)
             busiest_s += max(t.compute_s for t in report.stage_timings)
         elapsed_s = time.perf_counter() - started
+        if estimate is not None:
+            print_breakdown(reports, estimate, elapsed_s / steps)
         # How much of the step the busiest rank spent computing (stretch included): the rest is
         # waiting, communication and orchestration.
         print(f"    busiest rank computes {busiest_s / elapsed_s:.0%} of the step")
@@ -121,6 +131,30 @@ def measure_ours(job: WorkerJob, plan: Plan, steps: int, warmup: int = 3) -> flo
         return elapsed_s / steps
     finally:
         group.stop()
+
+
+def print_breakdown(reports: list, estimate: object, driver_step_s: float) -> None:
+    """Per rank: measured compute (stretched forward, backward, update) and step against the
+    estimate's compute + update and step; then the driver's step over the slowest rank's."""
+    compute: dict[tuple[int, int], list[float]] = {}
+    step: dict[tuple[int, int], list[float]] = {}
+    for report in reports:
+        for t in report.stage_timings:
+            compute.setdefault((t.replica, t.stage), []).append(t.compute_s)
+            step.setdefault((t.replica, t.stage), []).append(t.step_s)
+    for d in estimate.devices:  # type: ignore[attr-defined]
+        key = (d.replica, d.stage)
+        if key not in compute:
+            continue
+        measured = statistics.median(compute[key])
+        predicted = d.compute_s + d.update_s
+        print(
+            f"    r{d.replica}s{d.stage} {d.device_type:<8} compute+update measured {measured:.4f}"
+            f" predicted {predicted:.4f} ({measured / predicted:.3f});"
+            f" rank step {statistics.median(step[key]):.4f}"
+        )
+    slowest = statistics.median(max(t.step_s for t in r.stage_timings) for r in reports)
+    print(f"    driver step {driver_step_s:.4f} s, slowest rank step {slowest:.4f} s")
 
 
 def describe(plan: Plan) -> str:
@@ -176,21 +210,35 @@ def heterogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[s
             f"  fastest-only     {describe(baseline.plan)}"
             f"  (predicted {baseline.estimate.step_time_s:.4f} s)"
         )
-        median = rounds_of(
-            {
-                "ours, planned": lambda: measure_ours(job, plan, steps),
-                "ours, fastest-only": lambda: measure_ours(job, baseline.plan, steps),
-                "TorchTrainer, uniform": lambda: (
-                    run_torchtrainer(
-                        job, GLOBAL_BATCH, NUM_FAST + NUM_SLOW, REFERENCE_SPEED, steps
-                    ).step_time_s
-                ),
-            },
-            rounds,
-        )
+        runs = {
+            "ours, planned": lambda: measure_ours(
+                job,
+                plan,
+                steps,
+                estimate=result.estimate,  # type: ignore[attr-defined]
+            ),
+            "ours, fastest-only": lambda: measure_ours(
+                job, baseline.plan, steps, estimate=baseline.estimate
+            ),
+            "TorchTrainer, uniform": lambda: (
+                run_torchtrainer(
+                    job, GLOBAL_BATCH, NUM_FAST + NUM_SLOW, REFERENCE_SPEED, steps
+                ).step_time_s
+            ),
+        }
+        if ONLY_OURS:
+            runs.pop("TorchTrainer, uniform")
+        median = rounds_of(runs, rounds)
     for name, step_s in median.items():
         print(f"  median {name:<22} step {step_s:.4f} s  {GLOBAL_BATCH / step_s:8.1f} samples/s")
     ours_s = median["ours, planned"]
+    print(f"  measured / predicted step time   {ours_s / predicted_s:.3f}  (planned)")
+    print(
+        "  measured / predicted step time   "
+        f"{median['ours, fastest-only'] / baseline.estimate.step_time_s:.3f}  (fastest-only)"
+    )
+    if ONLY_OURS:
+        return {"measured_over_predicted": ours_s / predicted_s}
     figures = {
         "vs_torchtrainer": median["TorchTrainer, uniform"] / ours_s,
         "vs_fastest_only": median["ours, fastest-only"] / ours_s,
@@ -238,6 +286,9 @@ def main() -> None:
     parser.add_argument("--skip-homogeneous", action="store_true")
     parser.add_argument("--skip-heterogeneous", action="store_true")
     parser.add_argument(
+        "--only-ours", action="store_true", help="our runtime only: measured against predicted"
+    )
+    parser.add_argument(
         "--microbatches",
         default=",".join(str(m) for m in MICROBATCHES),
         help="candidate microbatch sizes the planner chooses from",
@@ -261,6 +312,8 @@ def main() -> None:
     configure(
         args.global_batch, args.blocks, fast_speed, slow_speed, num_fast, num_slow, microbatches
     )
+    global ONLY_OURS
+    ONLY_OURS = args.only_ours
     job = bench_job()
     print(f"load average at start: {load_average()} on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,11 +5,14 @@ carries and the fixed footprint of the framework (CUDA context, allocator pools,
 buffers) are properties of the runtime, not of the model. A :class:`RuntimePreset` names them,
 each constant with its source:
 
-* ``orchestrator`` (our runtime, the default): the training state is what
-  :meth:`TrainingSpec.state_bytes_per_param` says (16 B per parameter for mixed-precision Adam,
-  the ZeRO paper's figure: our engine keeps exactly fp16 weights and grads plus fp32 master, m and
-  v) and the framework footprint is the device type's ``framework_overhead_bytes`` (measured per
-  device type: see ``spec/devices.py``).
+* ``orchestrator`` (our runtime, the default): the engine keeps every parameter and gradient in
+  fp32 whatever it computes in (``worker/engine.py`` builds fp32 layers; bf16/fp16 is autocast
+  over them), so per parameter: weights 4 B, gradients 4 B, optimizer state 8 B (Adam, AdamW: m
+  and v) or 4 B (SGD momentum); under 16-bit compute, autocast's 16-bit copy of each matmul weight
+  (2 B, cast once per step and saved for the backward) on top. These are counted on running ranks
+  by ``worker/memory_account.py`` (``tests/dist/test_memory_account.py`` holds them to 10%). The
+  framework footprint is the device type's ``framework_overhead_bytes`` unless the profiler
+  measured it (``orchestrator profile`` writes a ``runtime`` section; ``CostTables`` reads it).
 * ``megatron-deepspeed``: the runtime that produced Sailor's profiles and the validation runs.
   Megatron keeps, per parameter, fp16 weights (2 B) and grads (2 B), an fp32 ``main_grad``
   accumulation buffer (4 B, ``accumulate_allreduce_grads_in_fp32``), fp32 master weights, Adam m and
@@ -25,8 +28,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.spec.devices import DeviceType, GiB
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.devices import DeviceType, Dtype, GiB
+from orchestrator.spec.model import ModelSpec, Optimizer, TrainingSpec
+
+
+@dataclass(frozen=True)
+class StateTerms:
+    """Bytes per parameter of each training-state term a runtime keeps on a device."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    # 16-bit copies of matmul weights held through the step (autocast's cache); embedding tables
+    # are looked up, not multiplied, so they have none.
+    cast_weights: float = 0.0
+
+    @property
+    def state(self) -> float:
+        """Weights + gradients + optimizer state (the cast copies are counted per layer kind)."""
+        return self.weights + self.grads + self.optimizer
 
 
 @dataclass(frozen=True)
@@ -48,15 +68,34 @@ class RuntimePreset:
     step_overhead_s: float = 0.0
     # Bytes per parameter the data-parallel all-reduce moves; None: the TrainingSpec's figure.
     allreduce_bytes_per_param: float | None = None
+    # fp32 parameters and gradients whatever the compute dtype, with autocast's 16-bit weight
+    # copies under bf16/fp16 (our engine); False: the TrainingSpec's (or the preset's) total.
+    fp32_training_state: bool = False
+    # Whether the profiler's measured constants (a profile's ``runtime`` section) describe this
+    # runtime: they are measured on our engine, so only our preset reads them.
+    measured_constants: bool = False
+
+    def state_terms(self, model: ModelSpec, training: TrainingSpec) -> StateTerms:
+        """Per-parameter bytes of weights, gradients, optimizer state and weight copies."""
+        if self.fp32_training_state:
+            adam = training.optimizer in (Optimizer.ADAM, Optimizer.ADAMW)
+            sixteen_bit = training.runtime_precision is not Dtype.FP32
+            return StateTerms(4.0, 4.0, 8.0 if adam else 4.0, 2.0 if sixteen_bit else 0.0)
+        working = float(training.grad_bytes_per_param(model.dtype))
+        return StateTerms(working, working, self.state_bytes(model, training) - 2 * working)
 
     def grad_bytes(self, model: ModelSpec, training: TrainingSpec) -> float:
         """Bytes per parameter the gradient all-reduce moves under this runtime."""
+        if self.fp32_training_state:
+            return 4.0  # the fp32 gradients themselves
         if self.allreduce_bytes_per_param is None:
             return float(training.grad_bytes_per_param(model.dtype))
         return self.allreduce_bytes_per_param
 
     def state_bytes(self, model: ModelSpec, training: TrainingSpec) -> float:
         """Training-state bytes per parameter under this runtime."""
+        if self.fp32_training_state:
+            return self.state_terms(model, training).state
         if self.state_bytes_per_param is None:
             return float(training.state_bytes_per_param(model.dtype))
         return self.state_bytes_per_param
@@ -74,7 +113,11 @@ ORCHESTRATOR = RuntimePreset(
     framework_bytes=None,
     # The engine starts each bucket's all-reduce from gradient hooks during the last backward.
     overlaps_gradient_allreduce=True,
-    source="TrainingSpec.state_bytes_per_param; DeviceType.framework_overhead_bytes",
+    source="worker/engine.py keeps fp32 weights and gradients (+ optimizer state, + autocast "
+    "copies under 16-bit), counted by worker/memory_account.py; footprint: the profiler's "
+    "runtime section, else DeviceType.framework_overhead_bytes",
+    fp32_training_state=True,
+    measured_constants=True,
 )
 
 MEGATRON_DEEPSPEED = RuntimePreset(

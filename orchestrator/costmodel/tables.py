@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate, pairwise
 
 from orchestrator.costmodel import comm, memory
 from orchestrator.costmodel.compute import LayerTime, analytic_layer_time
-from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
+from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset, StateTerms
 from orchestrator.spec.cluster import Cluster
-from orchestrator.spec.devices import DeviceType
-from orchestrator.spec.model import ModelSpec, TrainingSpec
-from orchestrator.spec.profiles import ProfileEntry, ProfileSet
+from orchestrator.spec.devices import DeviceType, Dtype
+from orchestrator.spec.model import LayerKind, ModelSpec, TrainingSpec
+from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileSet
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,10 @@ class LayerTable:
     # Optimizer seconds charged once per pipeline stage whatever layers it holds (sources such as
     # Sailor measure the step of a stage, not of a layer); 0 where the update is per layer.
     stage_update_s: float = 0.0
+    # Activations of a stage that does not start at layer 0, where they differ (16-bit compute:
+    # the stage's input arrives in 16 bits and its residual stream stays so); None: the same.
+    # ``activation_prefix_bytes`` bounds them from above, so the partition search may use it.
+    boundary_activation_prefix_bytes: tuple[float, ...] | None = None
     _memory_prefix_cache: dict[int, list[float]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -88,7 +92,11 @@ class LayerTable:
         return self.state_prefix_bytes[end] - self.state_prefix_bytes[start]
 
     def activation_bytes(self, start: int, end: int) -> float:
-        return self.activation_prefix_bytes[end] - self.activation_prefix_bytes[start]
+        """One microbatch's activations of a stage holding layers ``[start, end)``."""
+        prefix = self.activation_prefix_bytes
+        if start > 0 and self.boundary_activation_prefix_bytes is not None:
+            prefix = self.boundary_activation_prefix_bytes
+        return prefix[end] - prefix[start]
 
     def memory_bytes(self, start: int, end: int, in_flight: int) -> float:
         """State plus ``in_flight`` microbatches of activations for layers ``[start, end)``."""
@@ -108,6 +116,28 @@ def _proxy_hidden_size(profiles: ProfileSet) -> float | None:
                 dtype_bytes = 4 if f.dtype == "fp32" else 2
                 return math.sqrt(params[0] / dtype_bytes / 12)
     return None
+
+
+def _activation_bytes(timing: LayerTiming | None, sixteen_bit: bool) -> float | None:
+    """A layer's measured activation bytes at the runtime's compute precision (16-bit: the
+    autocast measurement where there is one, else the fp32 one, an upper bound)."""
+    if timing is None:
+        return None
+    if sixteen_bit and timing.activation_bytes_16bit is not None:
+        return float(timing.activation_bytes_16bit)
+    return None if timing.activation_bytes is None else float(timing.activation_bytes)
+
+
+def _boundary_activation_bytes(timing: LayerTiming | None, sixteen_bit: bool) -> float | None:
+    """A layer's 16-bit activations with its input arriving in 16 bits, where measured."""
+    if not sixteen_bit or timing is None or timing.activation_bytes_16bit_boundary is None:
+        return None
+    return float(timing.activation_bytes_16bit_boundary)
+
+
+def _cast_bytes(model: ModelSpec, layer: int, per_param: float) -> float:
+    """Per-parameter bytes of 16-bit weight copies a layer keeps: none for embedding tables."""
+    return 0.0 if model.layer_kind(layer) is LayerKind.EMBEDDING else per_param
 
 
 def _prefix(values: list[float]) -> tuple[float, ...]:
@@ -155,8 +185,25 @@ class CostTables:
         return cls(model, training, cluster.device_types, profiles, intra, runtime=runtime)
 
     def framework_overhead_bytes(self, device_type: str) -> float:
-        """Fixed bytes the runtime occupies on one device of this type."""
+        """Fixed bytes the runtime occupies on one device of this type: what the profiler
+        measured on the device itself for our runtime, else the preset's figure."""
+        if self.runtime.measured_constants and self.runtime.framework_bytes is None:
+            measured = self.all_profiles.runtime_constants(device_type, measured_on_device=True)
+            if measured is not None:
+                return float(measured.framework_bytes)
         return self.runtime.framework_overhead_bytes(self.device_types[device_type])
+
+    def state_terms(self, device_type: str) -> StateTerms:
+        """Per-parameter training-state bytes on this device type: the preset's terms, with the
+        total the profiler measured for our runtime (same optimizer) where it did."""
+        terms = self.runtime.state_terms(self.model, self.training)
+        if not self.runtime.measured_constants:
+            return terms
+        measured = self.all_profiles.runtime_constants(device_type)
+        if measured is None or measured.optimizer != self.training.optimizer.value:
+            return terms
+        optimizer = measured.state_bytes_per_param - terms.weights - terms.grads
+        return replace(terms, optimizer=max(0.0, optimizer))
 
     def usable_memory_bytes(self, device_type: str) -> float:
         """Device memory left for model state and activations under this runtime."""
@@ -279,6 +326,9 @@ class CostTables:
         update_scale = scale if transferred else 1.0
         times: list[LayerTime] = []
         activations: list[float] = []
+        sixteen_bit = training.runtime_precision is not Dtype.FP32
+        boundary_activations: list[float] = []
+
         for layer in range(model.num_planner_layers):
             measured = entry.layers.get(layer) if entry is not None else None
             measured_memory = memory_entry.layers.get(layer) if memory_entry is not None else None
@@ -308,16 +358,29 @@ class CostTables:
                         estimated=not exact,
                     )
                 )
-            if measured is not None and measured.activation_bytes is not None:
-                activations.append(measured.activation_bytes * memory_scale)
-            elif measured_memory is not None and measured_memory.activation_bytes is not None:
-                activations.append(float(measured_memory.activation_bytes))
+            measured_bytes = _activation_bytes(measured, sixteen_bit)
+            memory_bytes = _activation_bytes(measured_memory, sixteen_bit)
+            if measured_bytes is not None:
+                activations.append(measured_bytes * memory_scale)
+            elif memory_bytes is not None:
+                activations.append(memory_bytes)
             else:
                 activations.append(
                     memory.activation_bytes_per_microbatch(model, layer, microbatch_size, tp)
                 )
-        per_param = self.runtime.state_bytes(model, training)
-        states = [model.layer_params(i) / tp * per_param for i in range(len(times))]
+            boundary = _boundary_activation_bytes(measured, sixteen_bit)
+            if boundary is not None:
+                boundary_activations.append(boundary * memory_scale)
+            elif measured is None or measured.activation_bytes is None:
+                boundary = _boundary_activation_bytes(measured_memory, sixteen_bit)
+                boundary_activations.append(activations[-1] if boundary is None else boundary)
+            else:
+                boundary_activations.append(activations[-1])
+        terms = self.state_terms(device_type)
+        states = [
+            model.layer_params(i) / tp * (terms.state + _cast_bytes(model, i, terms.cast_weights))
+            for i in range(len(times))
+        ]
         stage_update_s = entry.stage_update_s if entry is not None else None
         return LayerTable(
             device_type=device_type,
@@ -330,4 +393,7 @@ class CostTables:
             activation_prefix_bytes=_prefix(activations),
             estimated_layers=tuple(i for i, t in enumerate(times) if t.estimated),
             stage_update_s=(stage_update_s or 0.0) * update_scale,
+            boundary_activation_prefix_bytes=(
+                _prefix(boundary_activations) if boundary_activations != activations else None
+            ),
         )

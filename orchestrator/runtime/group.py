@@ -38,7 +38,7 @@ from orchestrator.runtime.errors import WorkerFailedError, WorkerTimeoutError
 from orchestrator.runtime.placement import PlacedGroup, bundle_requests, place, slots_for_plan
 from orchestrator.runtime.validation import validate_model_for_plan, validate_plan_for_cluster
 from orchestrator.spec.plan import Plan
-from orchestrator.spec.reports import StageTiming, StepReport
+from orchestrator.spec.reports import MemoryUse, StageTiming, StepReport
 from orchestrator.worker.topology import RankSpec, layer_holders, ranks_for_plan
 
 
@@ -252,6 +252,7 @@ class WorkerGroup:
                 device_type=spec.device_type,
                 compute_s=float(results[spec.rank].get("compute_s", 0.0)),
                 step_s=float(results[spec.rank].get("step_s", 0.0)),
+                memory=_memory_use(results[spec.rank].get("memory")),
             )
             for spec in self.ranks
         )
@@ -320,3 +321,10 @@ class WorkerGroup:
     def _node_ids(self, ranks: tuple[int, ...]) -> tuple[str, ...]:
         ids = {w.rank: w.node_id for w in self.workers}
         return tuple(ids[r] for r in ranks if r in ids)
+
+
+def _memory_use(raw: Any) -> MemoryUse | None:
+    """A rank's counted memory from its step result (a dict once it has crossed Ray)."""
+    if raw is None or isinstance(raw, MemoryUse):
+        return raw
+    return MemoryUse(**raw)

@@ -31,6 +31,12 @@ class LayerTiming(BaseModel):
     # Activation bytes kept for backward per microbatch, and parameter bytes, when measured.
     activation_bytes: int | None = Field(default=None, ge=0)
     param_bytes: int | None = Field(default=None, ge=0)
+    # The same activations under 16-bit autocast (bf16/fp16 compute over fp32 weights), without
+    # autocast's weight copies, the layer's input in fp32 (the residual stream as the embedding
+    # leaves it) and, ``..._boundary``, in 16 bits (as a stage receives it from its predecessor,
+    # after which the stage's residual stream stays 16-bit); None: not measured.
+    activation_bytes_16bit: int | None = Field(default=None, ge=0)
+    activation_bytes_16bit_boundary: int | None = Field(default=None, ge=0)
 
 
 class ProfileEntry(BaseModel):
@@ -51,6 +57,23 @@ class ProfileEntry(BaseModel):
     stage_update_s: NonNegativeFloat | None = None
 
 
+class RuntimeConstants(BaseModel):
+    """Per-device constants of our runtime, measured by the profiler where it profiled.
+
+    ``framework_bytes``: what a worker occupies before any model state (CUDA: the context outside
+    the caching allocator, cuBLAS workspaces included; CPU: the process's resident memory).
+    ``state_bytes_per_param``: weights + gradients + optimizer state per parameter, counted on
+    the profiled layers after an update with ``optimizer`` (``worker/memory_account.py``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    framework_bytes: int = Field(ge=0)
+    state_bytes_per_param: float = Field(gt=0)
+    optimizer: str = Field(min_length=1)
+    source: str = ""
+
+
 class ProfileFile(BaseModel):
     """A profile of one model on one device type."""
 
@@ -64,6 +87,8 @@ class ProfileFile(BaseModel):
     source: str = ""
     emulated: bool = False
     entries: list[ProfileEntry] = Field(min_length=1)
+    # Our runtime's constants on this device, when the profiler measured them.
+    runtime: RuntimeConstants | None = None
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1) + "\n"
@@ -91,6 +116,20 @@ class ProfileSet:
 
     def is_emulated(self, device_type: str) -> bool:
         return any(f.emulated for f in self.files if f.device_type == device_type)
+
+    def runtime_constants(
+        self, device_type: str, measured_on_device: bool = False
+    ) -> RuntimeConstants | None:
+        """Our runtime's measured constants on ``device_type`` (any profiled model's; the first
+        file in order), or None. ``measured_on_device``: only from profiles of the device itself
+        (an emulated profile ran on a CPU and says nothing of the device's own footprint)."""
+        for f in self.files:
+            if f.device_type != device_type or f.runtime is None:
+                continue
+            if measured_on_device and f.emulated:
+                continue
+            return f.runtime
+        return None
 
     @classmethod
     def load(cls, paths: list[Path] | tuple[Path, ...]) -> ProfileSet:

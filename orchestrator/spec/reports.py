@@ -10,6 +10,36 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class MemoryUse:
+    """What one rank held during a step, term by term (``worker/memory_account.py``).
+
+    The terms the cost model predicts per rank: weights, gradients and optimizer state (distinct
+    storages), the peak of activations saved for backward over the step's microbatches in flight,
+    16-bit weight copies autocast keeps for the backward; on CUDA also the allocator's peak and the
+    context outside it (None elsewhere).
+    """
+
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_peak_bytes: int
+    activation_microbatch_bytes: int  # the most one microbatch saved
+    microbatches_in_flight: int  # the most held at once
+    cast_weight_bytes: int = 0
+    device_peak_bytes: int | None = None
+    context_bytes: int | None = None
+
+    @property
+    def state_bytes(self) -> int:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """State, activations in flight and weight copies: the counted peak (no framework)."""
+        return self.state_bytes + self.activations_peak_bytes + self.cast_weight_bytes
+
+
+@dataclass(frozen=True)
 class StageTiming:
     """What one stage of one replica measured during one step."""
 
@@ -18,6 +48,7 @@ class StageTiming:
     device_type: str
     compute_s: float  # forward + backward compute time of this stage during the step
     step_s: float  # wall time of the whole step on this rank
+    memory: MemoryUse | None = None  # what the rank held (None: not counted)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from orchestrator.control.callbacks import ControllerCallback
 from orchestrator.control.events import ControllerStateName
 from orchestrator.spec.plan import Plan
-from orchestrator.spec.reports import StepReport
+from orchestrator.spec.reports import MemoryUse, StepReport
 
 # Reasons the controller gives for a plan change (see ControllerCallback.on_plan); recoveries use
 # the same vocabulary. Unknown reasons still work: their series appear on first use.
@@ -51,6 +51,7 @@ METRIC_NAMES = (
     "orchestrator_lost_steps_total",
     "orchestrator_checkpoint_duration_seconds",
     "orchestrator_stage_busy_ratio",
+    "orchestrator_stage_memory_bytes",
     "orchestrator_emulated",
 )
 
@@ -182,6 +183,13 @@ class PrometheusCallback(ControllerCallback):
             ["run", "replica", "stage", "device_type"],
             registry=r,
         )
+        self.stage_memory = Gauge(
+            "orchestrator_stage_memory_bytes",
+            "Bytes a pipeline stage's rank counted last step, by term (weights, grads, optimizer,"
+            " weight_copies, activations; device_peak on CUDA).",
+            ["run", "replica", "stage", "device_type", "term"],
+            registry=r,
+        )
         self.emulated = Gauge(
             "orchestrator_emulated",
             "1 when device speeds are emulated (no real accelerators).",
@@ -233,6 +241,7 @@ class PrometheusCallback(ControllerCallback):
             self.plan_bound_ratio.labels(self.run).set(predicted_step_s / bound_step_s)
         # The old plan's stages are gone; their series end here (Prometheus marks them stale).
         self.stage_busy.clear()
+        self.stage_memory.clear()
 
     def on_step(self, report: StepReport, predicted_step_s: float) -> None:
         run = self.run
@@ -248,6 +257,11 @@ class PrometheusCallback(ControllerCallback):
             self.stage_busy.labels(
                 run, str(timing.replica), str(timing.stage), timing.device_type
             ).set(ratio)
+            if timing.memory is not None:
+                for term, nbytes in _memory_terms(timing.memory):
+                    self.stage_memory.labels(
+                        run, str(timing.replica), str(timing.stage), timing.device_type, term
+                    ).set(nbytes)
 
     def on_recovery(self, reason: str, duration_s: float, lost_steps: int) -> None:
         label = reason_label(reason, default="failure")
@@ -260,3 +274,16 @@ class PrometheusCallback(ControllerCallback):
 
     def on_emulated(self, emulated: bool) -> None:
         self.emulated.labels(self.run).set(1 if emulated else 0)
+
+
+def _memory_terms(memory: MemoryUse) -> list[tuple[str, float]]:
+    terms = [
+        ("weights", memory.weights_bytes),
+        ("grads", memory.grads_bytes),
+        ("optimizer", memory.optimizer_bytes),
+        ("weight_copies", memory.cast_weight_bytes),
+        ("activations", memory.activations_peak_bytes),
+    ]
+    if memory.device_peak_bytes is not None:
+        terms.append(("device_peak", memory.device_peak_bytes))
+    return [(term, float(nbytes)) for term, nbytes in terms]

@@ -24,6 +24,7 @@ from torch import nn
 
 from orchestrator.errors import SpecError
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import MemoryUse
 from orchestrator.worker import sharding, tensor_parallel, topology
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.dropout import sample_streams
@@ -31,6 +32,7 @@ from orchestrator.worker.emulation import Stretcher
 from orchestrator.worker.finite import FiniteGuard
 from orchestrator.worker.grad_sync import OverlappedGradSync
 from orchestrator.worker.groups import GradientGroups, backend_for_device, init_world
+from orchestrator.worker.memory_account import ActivationAccount, DeviceMemory, memory_use
 from orchestrator.worker.model_api import LayeredModel, build_model, check_layer_count
 from orchestrator.worker.optim import (
     clip_coefficient,
@@ -84,6 +86,8 @@ class EngineConfig:
     grad_bucket_mb: float = 25.0
     # Non-finite steps skipped (update dropped) before training stops (worker/finite.py).
     skip_nonfinite_steps: int = 0
+    # Count each step's memory term by term (worker/memory_account.py) into the step result.
+    account_memory: bool = True
 
     @property
     def optimizer_recipe(self) -> OptimizerRecipe:
@@ -110,6 +114,7 @@ class StepResult:
     # fp16: the step overflowed somewhere, so no rank applied it (it must not count as done).
     overflow_skipped: bool = False
     loss_scale: float = 1.0  # the scale this step's loss was multiplied by (1.0 unless fp16)
+    memory: MemoryUse | None = None  # what the rank held this step (worker/memory_account.py)
 
 
 def preflight(config: EngineConfig) -> LayeredModel:
@@ -172,6 +177,7 @@ class StageEngine:
         self.grad_sync: OverlappedGradSync | None = None
         self.sharding: sharding.ShardedState | None = None
         self.runner: PipelineRunner | None = None
+        self.device_memory: DeviceMemory | None = None
         if self.stretcher.emulated:
             log.info(
                 "rank %d (%s): emulated speed, compute stretched x%.2f",
@@ -238,6 +244,28 @@ class StageEngine:
             stretcher=self.stretcher,
             policy=self.policy,
             sync_each=self.stretcher.emulated,
+            activations=self._activation_account(),
+        )
+
+    def _activation_account(self) -> ActivationAccount | None:
+        if not self.config.account_memory:
+            return None
+        self.device_memory = DeviceMemory(self.device)
+        return ActivationAccount(p for layer in self.layers.values() for p in layer.parameters())
+
+    def memory_use(self) -> MemoryUse | None:
+        """This rank's memory terms as of now (None when not counted)."""
+        if self.runner is None or self.runner.activations is None:
+            return None
+        optimizers = list(self.optimizers.values())
+        masters: list[torch.Tensor] = []
+        if self.sharding is not None:
+            for g in self.sharding.groups:
+                if g.optimizer is not None:
+                    optimizers.append(g.optimizer)
+                masters.extend(t for t in (g.master, g.grad_slice) if t is not None)
+        return memory_use(
+            self.layers.values(), optimizers, self.runner.activations, self.device_memory, masters
         )
 
     def train_step(self, step: int) -> StepResult:
@@ -255,6 +283,8 @@ class StageEngine:
         if self.runner is None or self.groups is None:
             raise RuntimeError("call setup() before train_step()")
         self.stretcher.reset()
+        if self.device_memory is not None:
+            self.device_memory.begin_step()
         return time.perf_counter()
 
     def compute_gradients(self, step: int) -> float | None:
@@ -332,6 +362,7 @@ class StageEngine:
             emulated=self.stretcher.emulated,
             overflow_skipped=self.scaling is not None and self.scaling.overflowed,
             loss_scale=self._step_scale,
+            memory=self.memory_use(),
         )
 
     def _batch(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from orchestrator.worker.emulation import Stretcher
+from orchestrator.worker.memory_account import ActivationAccount
 from orchestrator.worker.model_api import LayeredModel
 from orchestrator.worker.p2p import run_exchange
 from orchestrator.worker.p2p_order import CommOp, Compute, Payload, stage_program
@@ -52,6 +53,8 @@ class PipelineRunner:
     stretcher: Stretcher
     policy: PrecisionPolicy | None = None  # None: fp32
     sync_each: bool = False  # synchronise the device after each piece (emulation, profiling)
+    # Counts the activations each microbatch saves for backward (worker/memory_account.py).
+    activations: ActivationAccount | None = None
 
     def __post_init__(self) -> None:
         if self.policy is None:
@@ -76,6 +79,8 @@ class PipelineRunner:
         input_chunks = _split(inputs, sizes)
         target_chunks = _split(targets, sizes)
         in_flight: dict[int, _InFlight] = {}
+        if self.activations is not None:
+            self.activations.reset()
         received: dict[tuple[Payload, int], torch.Tensor] = {}
         outgoing: dict[tuple[Payload, int], torch.Tensor] = {}
         loss_total = 0.0
@@ -149,7 +154,11 @@ class PipelineRunner:
                 out = self.model.loss(out, target_chunks[mb]).float() * weight
             return out
 
-        output = self.stretcher.run(compute, self._sync_piece, key=("forward", size))
+        if self.activations is None:
+            output = self.stretcher.run(compute, self._sync_piece, key=("forward", size))
+        else:
+            with self.activations.saving(mb):
+                output = self.stretcher.run(compute, self._sync_piece, key=("forward", size))
         return _InFlight(input=recv_input, output=output)
 
     def _backward(
@@ -176,6 +185,8 @@ class PipelineRunner:
                     state.output.backward(grad)
 
         self.stretcher.run(backward, self._sync_piece, key=("backward", size))
+        if self.activations is not None:
+            self.activations.release(mb)
 
     @property
     def _sync_piece(self) -> Callable[[], None] | None:

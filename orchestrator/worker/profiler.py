@@ -29,14 +29,21 @@ import torch
 from torch import nn
 
 from orchestrator.errors import SpecError
-from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileFile, read_profile
+from orchestrator.spec.profiles import (
+    LayerTiming,
+    ProfileEntry,
+    ProfileFile,
+    RuntimeConstants,
+    read_profile,
+)
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.engine import build_layers
+from orchestrator.worker.memory_account import ActivationAccount, DeviceMemory, state_bytes
 from orchestrator.worker.model_api import LayeredModel, build_model
 from orchestrator.worker.optim import make_optimizer
 
 # Bumped when how the profiler measures changes, so cached profiles of the old way are not reused.
-MEASUREMENT_METHOD = "v3: emulated times from the least thread CPU time"
+MEASUREMENT_METHOD = "v4: emulated times from the least thread CPU time; 16-bit activations"
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,7 @@ def profile(request: ProfileRequest, device: torch.device | None = None) -> Prof
             field="slowdown_factor",
             fix="emulation is for CPU nodes only; profile the GPU at its own speed",
         )
+    framework_bytes = measure_framework_bytes(device)  # before any model state exists
     model = build_model(request.model_factory, dict(request.model_kwargs))
     layers = build_layers(model, range(model.num_planner_layers), request.seed, device)
     dataset = make_dataset(request.data, request.seed)
@@ -84,6 +92,59 @@ def profile(request: ProfileRequest, device: torch.device | None = None) -> Prof
         source=_source(device, request.slowdown_factor),
         emulated=emulated,
         entries=entries,
+        runtime=RuntimeConstants(
+            framework_bytes=framework_bytes,
+            state_bytes_per_param=_state_bytes_per_param(layers, request.optimizer),
+            optimizer=request.optimizer,
+            source=_constants_source(device),
+        ),
+    )
+
+
+def measure_framework_bytes(device: torch.device) -> int:
+    """What this worker process occupies on ``device`` before any model state: on CUDA the
+    context outside the caching allocator (after a matmul has loaded cuBLAS and its workspace);
+    on the CPU the process's resident memory (Python, torch, the runtime's own modules)."""
+    if device.type == "cuda":
+        a = torch.ones(64, 64, device=device)
+        (a @ a).sum().item()
+        del a
+        torch.cuda.empty_cache()
+        context = DeviceMemory(device).context_bytes
+        return int(context or 0)
+    return _resident_bytes()
+
+
+def _resident_bytes() -> int:
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # not Linux: the peak resident size instead
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _state_bytes_per_param(layers: dict[int, nn.Module], optimizer_name: str) -> float:
+    """Weights + gradients + optimizer state per parameter after one update of every layer,
+    counted as a running rank counts them (``worker/memory_account.py``)."""
+    optimizers = []
+    for layer in layers.values():
+        for p in layer.parameters():
+            p.grad = torch.zeros_like(p)
+        opt = make_optimizer(optimizer_name, layer.parameters(), 1e-6)
+        opt.step()  # creates the optimizer's state (Adam's moments appear on the first step)
+        optimizers.append(opt)
+    weights, grads, state = state_bytes(layers.values(), optimizers)
+    params = sum(p.numel() for layer in layers.values() for p in layer.parameters())
+    return (weights + grads + state) / params
+
+
+def _constants_source(device: torch.device) -> str:
+    where = "CUDA context outside the allocator" if device.type == "cuda" else "process RSS"
+    return (
+        f"measured by orchestrator.worker.profiler: framework = {where} before the model; "
+        "state = counted storages after one update"
     )
 
 
@@ -134,12 +195,44 @@ def _profile_layer(
             saved_bytes = max(saved_bytes, counter.total_bytes)
     factor = request.slowdown_factor
     return LayerTiming(
+        activation_bytes_16bit=_saved_bytes_16bit(model, layers, index, inputs, targets, False),
+        activation_bytes_16bit_boundary=_saved_bytes_16bit(
+            model, layers, index, inputs, targets, True
+        ),
         forward_s=factor * pick(forward_s),
         backward_s=factor * pick(backward_s),
         update_s=factor * pick(update_s),
         activation_bytes=saved_bytes,
         param_bytes=sum(p.numel() * p.element_size() for p in layer.parameters()),
     )
+
+
+def _saved_bytes_16bit(
+    model: LayeredModel,
+    layers: dict[int, nn.Module],
+    index: int,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    boundary_input: bool,
+) -> int:
+    """Bytes one forward of layer ``index`` saves for backward under 16-bit autocast, counted as
+    a running rank counts them (``worker/memory_account.py``: weight copies apart); with
+    ``boundary_input`` the layer's input arrives in 16 bits, as a pipeline transfer sends it."""
+    layer = layers[index]
+    device = inputs.device
+    dtype = torch.bfloat16
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        dtype = torch.float16  # the same sizes
+    account = ActivationAccount(layer.parameters())
+    x = _layer_input(model, layers, index, inputs)
+    if boundary_input and index > 0:
+        x = x.detach().to(dtype).requires_grad_(True)
+    with torch.autocast(device.type, dtype=dtype), account.saving(0):
+        out = layer(x)
+        if index == model.num_planner_layers - 1:
+            out = model.loss(out, targets)
+    del out
+    return account.microbatch_peak_bytes
 
 
 def _layer_input(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from orchestrator.control.callbacks import ControllerCallback
 from orchestrator.control.events import ControllerStateName, EventKind, RunEvent
 from orchestrator.spec.plan import Plan
-from orchestrator.spec.reports import StageTiming, StepReport
+from orchestrator.spec.reports import MemoryUse, StageTiming, StepReport
 
 State = ControllerStateName
 
@@ -38,7 +38,9 @@ def a100_only_plan() -> Plan:
 
 
 def step_report(step: int, step_s: float, *, two_stages: bool = True) -> StepReport:
-    timings = [StageTiming(0, 0, "A100", compute_s=0.6 * step_s, step_s=step_s)]
+    # The A100 stage counts its memory (worker/memory_account.py); the L4 stage does not.
+    memory = MemoryUse(400, 400, 800, 1000, 500, 2)
+    timings = [StageTiming(0, 0, "A100", compute_s=0.6 * step_s, step_s=step_s, memory=memory)]
     if two_stages:
         timings.append(StageTiming(0, 1, "L4", compute_s=0.9 * step_s, step_s=step_s))
     return StepReport(

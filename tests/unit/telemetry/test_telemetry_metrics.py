@@ -26,6 +26,10 @@ EXPECTED = {
     "orchestrator_lost_steps_total": ("counter", {"run"}),
     "orchestrator_checkpoint_duration_seconds": ("histogram", {"run", "operation"}),
     "orchestrator_stage_busy_ratio": ("gauge", {"run", "replica", "stage", "device_type"}),
+    "orchestrator_stage_memory_bytes": (
+        "gauge",
+        {"run", "replica", "stage", "device_type", "term"},
+    ),
     "orchestrator_emulated": ("gauge", {"run"}),
 }
 
@@ -120,6 +124,22 @@ def test_stage_busy_ratios_belong_to_the_current_plan(scripted_run):
     labels = (("device_type", "A100"), ("replica", "0"), ("run", "run-a"), ("stage", "0"))
     assert set(busy) == {labels}
     assert abs(busy[labels] - 0.6) < 1e-9
+
+
+def test_stage_memory_by_term_from_the_ranks_that_counted_it(scripted_run):
+    callback = PrometheusCallback("run-a")
+    scripted_run(callback)
+    memory = scrape(callback)["orchestrator_stage_memory_bytes"]
+    stage = (("device_type", "A100"), ("replica", "0"), ("run", "run-a"), ("stage", "0"))
+    by_term = {dict(k)["term"]: v for k, v in memory.items() if k[:4] == stage}
+    assert by_term == {
+        "weights": 400,
+        "grads": 400,
+        "optimizer": 800,
+        "weight_copies": 0,
+        "activations": 1000,
+    }
+    assert all(dict(k)["device_type"] == "A100" for k in memory)  # the L4 stage counted none
 
 
 def test_free_text_reasons_become_low_cardinality_labels():
