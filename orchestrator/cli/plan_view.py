@@ -22,7 +22,8 @@ def _fmt_s(seconds: float) -> str:
 
 def _stage_table(plan: Any, estimate: Any) -> Table:
     table = Table(title="Plan: replicas and stages", show_lines=False)
-    for col in ("replica", "batch", "stage", "layers", "device", "tp", "node", "memory / limit"):
+    columns = ("replica", "batch", "stage", "layers", "device", "tp", "node", "recompute")
+    for col in (*columns, "memory / limit"):
         table.add_column(col, justify="right" if col in ("batch", "tp") else "left")
     by_key = {(d.replica, d.stage): d for d in estimate.devices}
     for r, rep in enumerate(plan.replicas):
@@ -39,6 +40,7 @@ def _stage_table(plan: Any, estimate: Any) -> Table:
                 stage.device_type,
                 str(stage.tp),
                 stage.node or "-",
+                "yes" if stage.recompute else "-",  # activation recompute on its blocks
                 mem,
             )
     return table
