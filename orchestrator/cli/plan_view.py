@@ -46,7 +46,9 @@ def _stage_table(plan: Any, estimate: Any) -> Table:
     return table
 
 
-def print_plan_result(result: Any, model: Any, training: Any) -> None:
+def print_plan_result(
+    result: Any, model: Any, training: Any, precision: dict[str, Any] | None = None
+) -> None:
     console = _console()
     plan, est = result.plan, result.estimate
     console.print(_stage_table(plan, est))
@@ -90,6 +92,13 @@ def print_plan_result(result: Any, model: Any, training: Any) -> None:
         f"pipeline {_fmt_s(est.pipeline_s)}, all-reduce {_fmt_s(est.allreduce_s)}, "
         f"optimizer {_fmt_s(est.update_s)}; search took {result.search_time_s:.2f} s"
     )
+    if precision is not None:
+        console.print(
+            f"precision: {precision['planned']} planned; {precision['suits_every_type']} suits "
+            f"every planned device type ({precision['reason']})"
+        )
+        if precision["warning"]:
+            console.print(f"[yellow]precision:[/yellow] {precision['warning']}")
     if result.estimated_device_types:
         console.print(
             "[yellow]estimated:[/yellow] no measured profile of "
