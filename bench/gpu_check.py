@@ -9,8 +9,10 @@
 5. The example GPT (0.5B) trains in bf16 (autocast over fp32 masters) and in fp32 on CUDA:
    measured step time and peak memory (``torch.cuda.max_memory_allocated`` plus the CUDA
    context) against the cost model's prediction for the same plan, with the profile of step 2
-   giving the measured layer times the prediction is built from. Activation recompute is not
-   implemented in the runtime yet, so there is no recompute row.
+   giving the measured layer times the prediction is built from; and in bf16 with activation
+   recompute on its blocks (``recompute: true`` on the stage): the step costs each block's forward
+   again, the peak drops to the blocks' inputs plus one block recomputing, both against the cost
+   model's recompute terms.
 
 Run: python bench/gpu_check.py --device-type H200 --out DIR  (e.g. DIR=bench/results)
 """
@@ -43,6 +45,8 @@ SHAPE = {
     "vocab_size": 256,
     "name": "gpt-2048x8",
 }
+# (precision, activation recompute) rows of check 5.
+VARIANTS = (("fp32", False), ("bf16", False), ("bf16", True))
 SMALL = {"num_layers": 3, "hidden_size": 64, "num_heads": 4, "sequence_length": 32}
 
 
@@ -160,9 +164,14 @@ def cuda_context_bytes() -> int:
 
 
 def train_precision_vs_prediction(
-    device_type: str, precision: str, profile_path: Path | None, steps: int = 8
-) -> dict[str, float | str]:
-    """Train SHAPE on one GPU in ``precision``; measured vs predicted step time and peak."""
+    device_type: str,
+    precision: str,
+    profile_path: Path | None,
+    steps: int = 8,
+    recompute: bool = False,
+) -> dict[str, float | str | bool]:
+    """Train SHAPE on one GPU in ``precision`` (``recompute``: activation recompute on the
+    blocks); measured vs predicted step time and peak."""
     from orchestrator.costmodel import estimate_plan
 
     gbs, mbs = 8, 2
@@ -174,7 +183,11 @@ def train_precision_vs_prediction(
                 {
                     "batch_size": gbs,
                     "stages": [
-                        {"layers": [0, SHAPE["num_layers"] + 2], "device_type": device_type}
+                        {
+                            "layers": [0, SHAPE["num_layers"] + 2],
+                            "device_type": device_type,
+                            "recompute": recompute,
+                        }
                     ],
                 }
             ],
@@ -222,15 +235,17 @@ def train_precision_vs_prediction(
     finally:
         engine.shutdown()
     measured_s = sorted(step_s[2:])[len(step_s[2:]) // 2]  # median after two warm-up steps
-    row: dict[str, float | str] = {
+    row: dict[str, float | str | bool] = {
         "precision": precision,
+        "recompute": recompute,
         "step_s_measured": measured_s,
         "step_s_predicted": predicted.step_time_s,
         "peak_bytes_measured": peak,
         "peak_bytes_predicted": predicted.peak_memory_bytes,
     }
+    label = f"{precision}{' + recompute' if recompute else ''}"
     print(
-        f"{precision:>5}: step {measured_s * 1e3:.1f} ms measured vs "
+        f"{label:>15}: step {measured_s * 1e3:.1f} ms measured vs "
         f"{predicted.step_time_s * 1e3:.1f} ms predicted "
         f"({predicted.step_time_s / measured_s:.2f}x); peak "
         f"{peak / 2**30:.2f} GiB measured (max_memory_allocated + CUDA context) vs "
@@ -252,8 +267,8 @@ def main() -> None:
         path = profile_gpu(args.device_type, args.out, "cpu")
         compare_with_cost_model(args.device_type, path)
         SHAPE.update(sequence_length=64)
-        for precision in ("fp32", "bf16"):
-            train_precision_vs_prediction(args.device_type, precision, None, steps=3)
+        for precision, recompute in VARIANTS:
+            train_precision_vs_prediction(args.device_type, precision, None, 3, recompute)
         return
     assert torch.cuda.is_available(), "this check needs a CUDA GPU"
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
@@ -261,7 +276,9 @@ def main() -> None:
     train_on_cuda()
     path = profile_gpu(args.device_type, args.out)
     compare_with_cost_model(args.device_type, path)
-    rows = [train_precision_vs_prediction(args.device_type, p, path) for p in ("fp32", "bf16")]
+    rows = [
+        train_precision_vs_prediction(args.device_type, p, path, recompute=r) for p, r in VARIANTS
+    ]
     (args.out / f"gpu_precision-{args.device_type}.json").write_text(json.dumps(rows, indent=2))
     print(json.dumps({"ok": True}))
 

@@ -98,6 +98,15 @@ def _estimate_summary(est: Any) -> dict[str, Any] | None:
     }
 
 
+def _precision(plan: Any, cluster: Any, model: Any, training: Any) -> dict[str, str | None]:
+    """The plan's precision (``training.precision``, else the model's dtype, as costed) against
+    what its device types run well (``planner/precision.py``)."""
+    from orchestrator.planner.precision import precision_summary
+
+    planned = training.precision or model.dtype
+    return precision_summary(planned, [cluster.device_types[t] for t in plan.device_counts()])
+
+
 def run_plan(args: argparse.Namespace) -> int:
     from orchestrator.planner import make_plan
 
@@ -114,6 +123,7 @@ def run_plan(args: argparse.Namespace) -> int:
         check_output_file(args.picture, "--picture")
     cluster, model, training, profiles = _inputs(args)
     result = make_plan(cluster, model, training, profiles)
+    precision = _precision(result.plan, cluster, model, training)
     outputs = AllOrNothing()
     try:
         if args.picture:
@@ -139,13 +149,14 @@ def run_plan(args: argparse.Namespace) -> int:
             "search_time_s": result.search_time_s,
             "estimated_device_types": list(result.estimated_device_types),
             "devices": result.estimate.to_dict()["devices"],
+            "precision": precision,
         }
         json.dump(out, sys.stdout, indent=2, sort_keys=True)
         print()
         return 0
     from orchestrator.cli.plan_view import print_plan_result
 
-    print_plan_result(result, model, training)
+    print_plan_result(result, model, training, precision=precision)
     if args.out:
         print(f"plan written to {args.out}")
     if args.picture:

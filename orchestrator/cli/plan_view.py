@@ -22,7 +22,8 @@ def _fmt_s(seconds: float) -> str:
 
 def _stage_table(plan: Any, estimate: Any) -> Table:
     table = Table(title="Plan: replicas and stages", show_lines=False)
-    for col in ("replica", "batch", "stage", "layers", "device", "tp", "node", "memory / limit"):
+    columns = ("replica", "batch", "stage", "layers", "device", "tp", "node", "recompute")
+    for col in (*columns, "memory / limit"):
         table.add_column(col, justify="right" if col in ("batch", "tp") else "left")
     by_key = {(d.replica, d.stage): d for d in estimate.devices}
     for r, rep in enumerate(plan.replicas):
@@ -39,12 +40,15 @@ def _stage_table(plan: Any, estimate: Any) -> Table:
                 stage.device_type,
                 str(stage.tp),
                 stage.node or "-",
+                "yes" if stage.recompute else "-",  # activation recompute on its blocks
                 mem,
             )
     return table
 
 
-def print_plan_result(result: Any, model: Any, training: Any) -> None:
+def print_plan_result(
+    result: Any, model: Any, training: Any, precision: dict[str, Any] | None = None
+) -> None:
     console = _console()
     plan, est = result.plan, result.estimate
     console.print(_stage_table(plan, est))
@@ -88,6 +92,13 @@ def print_plan_result(result: Any, model: Any, training: Any) -> None:
         f"pipeline {_fmt_s(est.pipeline_s)}, all-reduce {_fmt_s(est.allreduce_s)}, "
         f"optimizer {_fmt_s(est.update_s)}; search took {result.search_time_s:.2f} s"
     )
+    if precision is not None:
+        console.print(
+            f"precision: {precision['planned']} planned; {precision['suits_every_type']} suits "
+            f"every planned device type ({precision['reason']})"
+        )
+        if precision["warning"]:
+            console.print(f"[yellow]precision:[/yellow] {precision['warning']}")
     if result.estimated_device_types:
         console.print(
             "[yellow]estimated:[/yellow] no measured profile of "

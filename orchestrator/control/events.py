@@ -50,6 +50,7 @@ class EventKind(StrEnum):
     NODE_LOST = "node_lost"
     CHECKPOINT = "checkpoint"
     STRAGGLER = "straggler"
+    STEP_SKIPPED = "step_skipped"  # fp16 overflow: the update was dropped, the step runs again
     FINISHED = "finished"
     FAILED = "failed"
 

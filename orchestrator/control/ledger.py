@@ -37,4 +37,6 @@ class RunLedger:
     emulated: bool | None = None  # as last told to the callbacks
     last_infeasible_nodes: frozenset[str] = frozenset()  # usable nodes when no plan fit
     pending_recovery: tuple[str, float] | None = None  # (cause, failure seen at)
+    overflow_skipped_total: int = 0  # fp16 steps whose update was skipped (run again)
+    consecutive_overflows: int = 0
     last_lost_steps: int = 0  # lost steps of the restore behind the pending recovery

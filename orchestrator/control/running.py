@@ -33,6 +33,7 @@ from orchestrator.policies.preemption import TreatAsLost
 from orchestrator.policies.replan import ReplanDecision
 from orchestrator.policies.straggler import Straggler
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StepReport
 from orchestrator.spec.snapshot import ClusterSnapshot, SnapshotDiff
 
 
@@ -64,6 +65,9 @@ def run_one(ctx: RunContext, s: RunningState) -> ControllerState:
         return ctx.on_failure(exc, s.name)
     except Exception as exc:  # a lost peer, out of memory, or a bug in the model or the data
         return classified.on_step_error(ctx, s, exc)
+    if report.overflow_skipped:
+        return _on_overflow(ctx, s, report)
+    led.consecutive_overflows = 0
     ctx.commit(report)
     interval = ctx.config.checkpoint_interval_steps
     try:
@@ -74,6 +78,34 @@ def run_one(ctx: RunContext, s: RunningState) -> ControllerState:
     stragglers = led.stragglers.observe(report.stage_timings)
     if stragglers:
         return _on_stragglers(ctx, s, stragglers) or s
+    return s
+
+
+# fp16 halves its loss scale on each overflow; this many in a row (2^16 down to 2^-4) means the
+# gradients are not finite at any scale: a diverged run or bad data, not a scale to find.
+MAX_CONSECUTIVE_OVERFLOWS = 20
+
+
+def _on_overflow(ctx: RunContext, s: RunningState, report: StepReport) -> ControllerState:
+    """An fp16 step whose update every rank skipped: not committed, reported, run again (same
+    step, same samples) at the lowered scale, so the run still makes its every update."""
+    led = ctx.ledger
+    led.overflow_skipped_total += 1
+    led.consecutive_overflows += 1
+    ctx.record(
+        EventKind.STEP_SKIPPED,
+        f"step {report.step}: fp16 gradients overflowed at loss scale {report.loss_scale:g}; "
+        "update skipped, the step runs again at half the scale",
+        step=report.step,
+        loss_scale=report.loss_scale,
+        skipped_total=led.overflow_skipped_total,
+    )
+    if led.consecutive_overflows >= MAX_CONSECUTIVE_OVERFLOWS:
+        return ctx.fail(
+            f"step {report.step} overflowed in fp16 {led.consecutive_overflows} times in a row "
+            f"(loss scale now {report.loss_scale / 2:g}); the gradients are not finite at any "
+            "scale: check the data and the learning rate, or train in bf16"
+        )
     return s
 
 

@@ -92,7 +92,10 @@ class MemoryBound:
     holds at least one microbatch of its layers' activations, so a pipeline holds at least
     ``state + activations of one microbatch`` summed over all layers, spread over at most all
     devices. Tensor parallelism does not lower the total (its ranks replicate part of the
-    activations). And every layer must fit on one device at the largest tensor-parallel degree.
+    activations). Where the planner may recompute activations, each block counts only its input
+    (a recomputing stage holds no more). And every layer must fit on one device at the largest
+    tensor-parallel degree (recompute does not lower a single layer's need: while a block is
+    recomputed its full activations are live).
     """
 
     pipeline_need_bytes: float  # state + one microbatch of activations, all layers
@@ -125,7 +128,7 @@ def memory_bound(
     for d in sorted(device_counts):
         tps = tp_options_by_type.get(d, [1])
         for tp in tps:
-            table = tables.table(d, mbs, tp)
+            table = tables.table(d, mbs, tp, tables.training.activation_recompute)
             state = min(state, tp * table.state_bytes(0, n))
             activations = min(activations, tp * table.activation_bytes(0, n))
         top = tables.table(d, mbs, max(tps))

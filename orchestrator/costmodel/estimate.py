@@ -13,7 +13,9 @@ layer, whose gradients come last, is always exposed.
 A stage boundary under tensor parallelism moves ``1/tp`` of the activation per rank (Megatron's
 scatter/gather: each tp rank sends its slice, the receiving stage all-gathers it over the node's
 links). Peak memory is what a device would show: model state, activations in flight and the
-runtime's fixed framework footprint.
+runtime's fixed framework footprint. A stage with ``recompute`` keeps only its blocks' inputs in
+flight, holds one block's full activations while recomputing it, and pays each block's forward
+twice (``tables.recomputed_table``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class DeviceEstimate:
     memory_capacity_bytes: float  # the device's whole memory
     allreduce_total_s: float = 0.0  # the all-reduce's whole duration (allreduce_s: exposed part)
     framework_bytes: float = 0.0  # the runtime's fixed footprint, part of memory_bytes
+    recompute: bool = False  # activation recompute on the stage's blocks
 
     @property
     def fits(self) -> bool:
@@ -103,6 +106,7 @@ class Estimate:
                     "memory_bytes": d.memory_bytes,
                     "memory_capacity_bytes": d.memory_capacity_bytes,
                     "framework_bytes": d.framework_bytes,
+                    "recompute": d.recompute,
                     "fits": d.fits,
                 }
                 for d in self.devices
@@ -167,7 +171,7 @@ def _stage_microbatch_s(
     tables: CostTables, cluster: Cluster, plan: Plan, replica: ReplicaSpec, index: int
 ) -> float:
     stage = replica.stages[index]
-    table = tables.table(stage.device_type, plan.microbatch_size, stage.tp)
+    table = tables.table(stage.device_type, plan.microbatch_size, stage.tp, stage.recompute)
     start, end = stage.layers
     seconds = table.compute_s(start, end) + tables.runtime.microbatch_overhead_s
     if index + 1 < len(replica.stages):  # activations forward
@@ -272,7 +276,7 @@ def estimate_with_tables(
         ]
         pipeline_s = max(pipeline_s, (num_micro - 1) * max(per_stage) + sum(per_stage))
         for s, stage in enumerate(rep.stages):
-            table = tables.table(stage.device_type, plan.microbatch_size, stage.tp)
+            table = tables.table(stage.device_type, plan.microbatch_size, stage.tp, stage.recompute)
             start, end = stage.layers
             if any(start <= i < end for i in table.estimated_layers):
                 estimated.add(stage.device_type)
@@ -298,6 +302,7 @@ def estimate_with_tables(
                     memory_capacity_bytes=float(device.memory_bytes),
                     allreduce_total_s=sum(layer_allreduce),
                     framework_bytes=framework,
+                    recompute=stage.recompute,
                 )
             )
     # Sharded stages: state split across the shard group, its gathers (costmodel.sharding).

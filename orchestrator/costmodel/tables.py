@@ -43,6 +43,11 @@ class LayerTable:
     # the stage's input arrives in 16 bits and its residual stream stays so); None: the same.
     # ``activation_prefix_bytes`` bounds them from above, so the partition search may use it.
     boundary_activation_prefix_bytes: tuple[float, ...] | None = None
+    # Activation recompute (``CostTables.table(..., recompute=True)``): per layer, the bytes its
+    # recomputed forward holds during its own backward (one microbatch's full activations; 0 for
+    # layers run whole). A stage peaks at the largest of its layers' on top of what is in flight.
+    transient_bytes: tuple[float, ...] = ()
+    recompute: bool = False
     _memory_prefix_cache: dict[int, list[float]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -98,9 +103,15 @@ class LayerTable:
             prefix = self.boundary_activation_prefix_bytes
         return prefix[end] - prefix[start]
 
+    def transient_max_bytes(self, start: int = 0, end: int | None = None) -> float:
+        """The largest recompute transient among layers ``[start, end)`` (0 without recompute)."""
+        return max(self.transient_bytes[start:end], default=0.0)
+
     def memory_bytes(self, start: int, end: int, in_flight: int) -> float:
-        """State plus ``in_flight`` microbatches of activations for layers ``[start, end)``."""
-        return self.state_bytes(start, end) + in_flight * self.activation_bytes(start, end)
+        """State plus ``in_flight`` microbatches of activations for layers ``[start, end)``, plus
+        the recompute transient where the stage recomputes."""
+        held = self.state_bytes(start, end) + in_flight * self.activation_bytes(start, end)
+        return held + self.transient_max_bytes(start, end)
 
 
 def _proxy_hidden_size(profiles: ProfileSet) -> float | None:
@@ -144,6 +155,51 @@ def _prefix(values: list[float]) -> tuple[float, ...]:
     return (0.0, *accumulate(values))
 
 
+def recomputed_table(base: LayerTable, model: ModelSpec, microbatch_size: int) -> LayerTable:
+    """``base`` with activation recompute on every block (``torch.utils.checkpoint`` per block,
+    as the engine runs it; embedding and head run whole).
+
+    A recomputed block keeps, per microbatch in flight, only its input: the ``[b, s, h]`` hidden
+    states, whole on every tensor-parallel rank (no sequence parallel). Its backward first runs
+    its forward again, so the block's backward costs its forward more, and while it does the
+    block's full activations of that one microbatch are live: the transient.
+    """
+    boundary = comm.boundary_activation_bytes(model, microbatch_size)
+    times: list[LayerTime] = []
+    activations: list[float] = []
+    transients: list[float] = []
+    for layer, (t, (a, b)) in enumerate(
+        zip(base.times, pairwise(base.activation_prefix_bytes), strict=True)
+    ):
+        if model.layer_kind(layer) is not LayerKind.BLOCK:
+            times.append(t)
+            activations.append(b - a)
+            transients.append(0.0)
+            continue
+        times.append(
+            LayerTime(
+                forward_s=t.forward_s,
+                backward_s=t.backward_s + t.forward_s,
+                update_s=t.update_s,
+                estimated=t.estimated,
+            )
+        )
+        activations.append(boundary)
+        transients.append(b - a)
+    return replace(
+        base,
+        times=tuple(times),
+        compute_prefix_s=_prefix([t.forward_s + t.backward_s for t in times]),
+        activation_prefix_bytes=_prefix(activations),
+        # A recomputed block keeps only its boundary input, the same for every stage start.
+        boundary_activation_prefix_bytes=None,
+        transient_bytes=tuple(transients),
+        recompute=True,
+        _memory_prefix_cache={},
+        _largest_cache={},
+    )
+
+
 class CostTables:
     """Builds and caches :class:`LayerTable` objects for one model and training setting."""
 
@@ -164,7 +220,7 @@ class CostTables:
         self.profiles = self.all_profiles.for_model(model.name)
         self.runtime = runtime
         self._intra = intra_node_bandwidth_bytes_per_s or {}
-        self._cache: dict[tuple[str, int, int], LayerTable] = {}
+        self._cache: dict[tuple[str, int, int, bool], LayerTable] = {}
 
     @classmethod
     def for_cluster(
@@ -225,11 +281,19 @@ class CostTables:
                 return other
         return None
 
-    def table(self, device_type: str, microbatch_size: int, tp: int) -> LayerTable:
-        key = (device_type, microbatch_size, tp)
+    def table(
+        self, device_type: str, microbatch_size: int, tp: int, recompute: bool = False
+    ) -> LayerTable:
+        """Costs at this (device type, microbatch size, tp); ``recompute``: with activation
+        recompute on the blocks (``recomputed_table``)."""
+        key = (device_type, microbatch_size, tp, recompute)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._build(device_type, microbatch_size, tp)
+            if recompute:
+                base = self.table(device_type, microbatch_size, tp)
+                cached = recomputed_table(base, self.model, microbatch_size)
+            else:
+                cached = self._build(device_type, microbatch_size, tp)
             self._cache[key] = cached
         return cached
 

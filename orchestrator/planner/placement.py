@@ -45,7 +45,16 @@ def _place_replica(pool: _NodePool, group: Group) -> list[StageSpec] | None:
         node = pool.take(device_type, tp, previous)
         if node is None:
             return None
-        stages.append(StageSpec(layers=(b[i], b[i + 1]), device_type=device_type, tp=tp, node=node))
+        recompute = bool(t.recompute) and t.recompute[i]
+        stages.append(
+            StageSpec(
+                layers=(b[i], b[i + 1]),
+                device_type=device_type,
+                tp=tp,
+                node=node,
+                recompute=recompute,
+            )
+        )
         previous = node
     return stages
 

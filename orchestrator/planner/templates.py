@@ -80,11 +80,13 @@ class Template:
     split: Split
     update_s: tuple[float, ...]  # optimizer seconds per stage
     grad_bytes: tuple[float, ...]  # gradient bytes each stage's devices all-reduce
+    # Per stage: activation recompute on its blocks (on only where memory forces it).
+    recompute: tuple[bool, ...] = ()
 
     @property
     def key(self) -> tuple[object, ...]:
         """Total order used to break ties deterministically."""
-        return (self.microbatch_size, self.stage_types, self.split.boundaries)
+        return (self.microbatch_size, self.stage_types, self.split.boundaries, self.recompute)
 
     @property
     def num_devices(self) -> int:
@@ -120,13 +122,39 @@ def build_template(
     stage_types: tuple[tuple[str, int], ...],
     microbatch_size: int,
 ) -> Template | None:
-    """Solve the split for this shape; None if it cannot fit in memory."""
+    """Solve the split for this shape; None if it cannot fit in memory even with recompute.
+
+    Activation recompute is turned on only where memory forces it, from the first stage on:
+    under 1F1B stage ``s`` of ``p`` holds ``p - s`` microbatches in flight, so the early stages
+    need it first. The first of "none, stage 0, stages 0-1, ..., all" whose split fits is taken
+    (recompute costs each block's forward again, so no more of it than needed).
+    """
+    if not tables.training.activation_recompute:
+        return _build_template(tables, infos, stage_types, microbatch_size, ())
+    for count in range(len(stage_types) + 1):
+        recompute = tuple(s < count for s in range(len(stage_types)))
+        found = _build_template(tables, infos, stage_types, microbatch_size, recompute)
+        if found is not None:
+            return found
+    return None
+
+
+def _build_template(
+    tables: CostTables,
+    infos: dict[str, TypeInfo],
+    stage_types: tuple[tuple[str, int], ...],
+    microbatch_size: int,
+    recompute: tuple[bool, ...],
+) -> Template | None:
+    """The split for this shape with recompute on the stages marked in ``recompute`` (empty or
+    all False: none); None if it cannot fit in memory."""
     model = tables.model
     p = len(stage_types)
     act_bytes = comm.boundary_activation_bytes(model, microbatch_size)
     stages: list[StageCosts] = []
     one_type = len({n for n, _ in stage_types}) == 1
     one_type_devices = sum(tp for _, tp in stage_types) if one_type else None
+    recompute = recompute if any(recompute) else ()
     for s, (name, tp) in enumerate(stage_types):
         comm_s = 0.0
         # Under tensor parallelism each rank sends its 1/tp slice of the boundary activation.
@@ -136,12 +164,15 @@ def build_template(
         if s > 0:
             bw = _p2p_bandwidth(infos[stage_types[s - 1][0]], infos[name], one_type_devices)
             comm_s += comm.p2p_s(act_bytes / min(tp, stage_types[s - 1][1]), bw)
+        table = tables.table(name, microbatch_size, tp, bool(recompute) and recompute[s])
         stages.append(
             StageCosts(
-                table=tables.table(name, microbatch_size, tp),
+                table=table,
                 comm_s=comm_s,
                 in_flight=p - s,  # 1F1B peak, assuming at least p microbatches
-                memory_cap_bytes=infos[name].memory_cap_bytes,
+                # A recomputing stage also holds one block's full activations while it
+                # recomputes it: left out of the cap (all blocks alike: exact, else safe).
+                memory_cap_bytes=infos[name].memory_cap_bytes - table.transient_max_bytes(),
             )
         )
     split = split_layers(stages, model.num_planner_layers)
@@ -154,7 +185,7 @@ def build_template(
         sum(model.layer_params(layer) for layer in range(b[i], b[i + 1])) * grad_per_param / tp
         for i, (_, tp) in enumerate(stage_types)
     )
-    return Template(microbatch_size, stage_types, split, update_s, grad_bytes)
+    return Template(microbatch_size, stage_types, split, update_s, grad_bytes, recompute)
 
 
 def homogeneous_templates(

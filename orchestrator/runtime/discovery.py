@@ -123,6 +123,42 @@ def pin_by_node_id(plan: Plan, nodes: Sequence[RayNode]) -> Plan:
     return plan.model_copy(update={"replicas": tuple(replicas)})
 
 
+def one_backend(nodes: Sequence[RayNode]) -> tuple[list[RayNode], str | None]:
+    """The nodes a plan may use, and a note when some were left out.
+
+    A plan never mixes CPU ranks (gloo) with GPU ranks (NCCL): one process group runs one
+    backend, and a GPU stage's step would wait on CPU stages many times slower. Where the
+    cluster has both, the GPU nodes are used (a CPU-only node beside GPUs is usually the Ray head
+    or a service node) and the note names the CPU nodes left out and how to use them instead.
+    """
+    gpu = [n for n in nodes if n.uses_gpus]
+    cpu = [n for n in nodes if not n.uses_gpus]
+    if not gpu or not cpu:
+        return list(nodes), None
+    note = (
+        f"planning on the {len(gpu)} GPU nodes only, leaving out {len(cpu)} CPU nodes "
+        f"({', '.join(n.name for n in cpu)}): a plan never mixes CPU (gloo) and GPU (NCCL) "
+        "ranks; to train on the CPU nodes, run the job on a cluster without GPU nodes"
+    )
+    return gpu, note
+
+
+def check_one_backend(plan: Plan, nodes: Sequence[RayNode]) -> None:
+    """Raise :class:`SpecError` if ``plan`` puts stages on both CPU and GPU nodes."""
+    gpu_types = {n.device_type for n in nodes if n.uses_gpus}
+    cpu_types = {n.device_type for n in nodes if not n.uses_gpus}
+    used = set(plan.device_counts())
+    on_gpu, on_cpu = sorted(used & gpu_types), sorted(used & cpu_types - gpu_types)
+    if on_gpu and on_cpu:
+        raise SpecError(
+            f"the plan puts stages on CPU nodes ({', '.join(on_cpu)}, gloo) and on GPU nodes "
+            f"({', '.join(on_gpu)}, NCCL); one plan runs one backend",
+            field="plan.replicas[].stages[].device_type",
+            fix=f"plan for one kind: drop the {', '.join(on_cpu)} stages (or run on CPU nodes "
+            "only)",
+        )
+
+
 def discover_nodes() -> list[RayNode]:
     """The live nodes of the Ray cluster this process is connected to."""
     import ray

@@ -263,6 +263,9 @@ class WorkerGroup:
             step_duration_s=duration_s,
             samples=self.plan.global_batch_size,
             stage_timings=timings,
+            # Every rank decides overflow alike (an all-reduced flag); any one says so.
+            overflow_skipped=any(bool(r.get("overflow_skipped")) for r in results.values()),
+            loss_scale=max(float(r.get("loss_scale", 1.0)) for r in results.values()),
         )
 
     def _gather(self, phase: str, refs: Mapping[int, Any], timeout_s: float) -> dict[int, Any]:

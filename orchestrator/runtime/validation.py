@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.runtime.actor import WorkerJob
-from orchestrator.runtime.discovery import RayNode, cluster_from_nodes
+from orchestrator.runtime.discovery import RayNode, check_one_backend, cluster_from_nodes
 from orchestrator.runtime.placement import bundle_requests, slots_for_plan
 from orchestrator.spec.plan import Plan
 from orchestrator.worker.model_api import build_model, check_layer_count
@@ -17,11 +17,12 @@ def validate_plan_for_cluster(
 ) -> None:
     """Raise a one-line :class:`~orchestrator.errors.SpecError` if the plan cannot run here.
 
-    Checks: tensor-parallel degree and sharding (the Ray runtime runs tp 1, unsharded), device
-    types known to the catalog, the layer count (when
-    given), enough devices of every type, and pinned nodes that exist.
+    Checks: tensor-parallel degree and sharding (the Ray runtime runs tp 1, unsharded), one
+    backend (no stages on both CPU and GPU nodes), device types known to the catalog, the layer
+    count (when given), enough devices of every type, and pinned nodes that exist.
     """
     check_supported(plan)
+    check_one_backend(plan, nodes)
     cluster = cluster_from_nodes(nodes)
     plan.check_against(
         plan.num_layers if num_planner_layers is None else num_planner_layers,

@@ -33,9 +33,10 @@ class Dtype(StrEnum):
 class DeviceType(BaseModel):
     """One accelerator model: what it holds, how fast it computes and how fast it talks.
 
-    ``peak_flops_per_s`` maps each dtype to dense peak FLOP/s (tensor cores where the part has
-    them for that dtype; parts without bf16 support list their fp32 rate for bf16, because that is
-    what a bf16 model runs at on them after the framework upcasts).
+    ``peak_flops_per_s`` maps each dtype to dense peak FLOP/s as frameworks reach it (tensor cores
+    where the part has them for that dtype; parts without bf16 support list their fp32 rate for
+    bf16, because that is what a bf16 model runs at on them after the framework upcasts; the P40's
+    fp16 likewise). ``planner/precision.py`` reads these rates to pick a job's precision.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -135,8 +136,11 @@ BUILTIN_DEVICE_TYPES: tuple[DeviceType, ...] = (
     ),
     # Titan RTX (Turing whitepaper): FP16 tensor 130 TFLOPS, FP32 16.3, 672 GB/s.
     _device("Titan-RTX", 24 * GiB, 16.3, 130, 16.3, 672, 16, "NVIDIA Titan RTX 24 GB", GiB),
-    # Tesla P40 datasheet: FP32 11.8 TFLOPS, FP16 at 1/64 rate (0.18), 346 GB/s, PCIe Gen3.
-    _device("P40", 24 * GiB, 11.8, 0.18, 11.8, 346, 16, "NVIDIA Tesla P40 24 GB", GiB),
+    # Tesla P40 datasheet: FP32 11.8 TFLOPS, 346 GB/s, PCIe Gen3. Its native FP16 arithmetic runs
+    # at 1/64 rate (0.18), but that is not what a framework gets: PyTorch's fp16 matmuls on this
+    # part (sm_61) go through cuBLAS with fp32 compute (CUBLAS_COMPUTE_32F, fp16 storage), so they
+    # run at about the fp32 rate; the rate listed is that one (no tensor cores: not "fast" fp16).
+    _device("P40", 24 * GiB, 11.8, 11.8, 11.8, 346, 16, "NVIDIA Tesla P40 24 GB", GiB),
     # A CPU "device" for emulated clusters and tests: ~0.1 TFLOPS fp32 for a few AVX2 cores
     # (measured order of magnitude for torch matmul on 2 cores), shared-memory transfers ~10 GB/s.
     _device("cpu", 16 * GiB, 0.1, 0.05, 0.05, 20, 10, "host CPU (emulation base)", 0.25 * GiB),

@@ -186,6 +186,9 @@ class TrainingSpec(BaseModel):
     # Unset: the workers run fp32 and the planner reads mixed_precision and the model's dtype as
     # before. Set: planner and workers both follow it, and mixed_precision must agree.
     precision: Dtype | None = None
+    # The planner may turn activation recompute on for the stages where memory forces it (the
+    # plan then says so per stage); false: never, plans without it only.
+    activation_recompute: bool = True
     # Upper bounds the search respects; None means "as many as the cluster allows".
     max_pipeline_stages: PositiveInt | None = None
     max_tensor_parallel: PositiveInt = 8

@@ -56,6 +56,9 @@ class StageSpec(BaseModel):
     tp: PositiveInt = 1
     node: str | None = None
     sharding: Sharding = Sharding.NONE
+    # Activation recompute: the stage keeps only each block's input per microbatch in flight and
+    # recomputes the block's forward during its backward (``torch.utils.checkpoint``).
+    recompute: bool = False
 
     @model_validator(mode="after")
     def _non_empty(self) -> StageSpec:
@@ -156,13 +159,16 @@ class Plan(BaseModel):
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, fixed separators, so equal plans are equal bytes.
 
-        ``sharding: none`` (the default) is left out, so unsharded plans keep their bytes.
+        ``sharding: none`` and ``recompute: false`` (the defaults) are left out, so plans without
+        them keep their bytes.
         """
         data = self.model_dump(mode="json")
         for replica in data["replicas"]:
             for stage in replica["stages"]:
                 if stage.get("sharding") == Sharding.NONE.value:
                     del stage["sharding"]
+                if stage.get("recompute") is False:
+                    del stage["recompute"]
         return json.dumps(data, sort_keys=True, indent=2) + "\n"
 
     def check_layouts(

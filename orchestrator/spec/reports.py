@@ -53,13 +53,18 @@ class StageTiming:
 
 @dataclass(frozen=True)
 class StepReport:
-    """One completed (committed) training step, as the worker group reports it."""
+    """One completed training step, as the worker group reports it (committed unless its update
+    was skipped on an fp16 overflow)."""
 
     step: int
     loss: float
     step_duration_s: float
     samples: int
     stage_timings: tuple[StageTiming, ...] = ()
+    # fp16: the gradients overflowed somewhere, so no rank applied the update (the controller
+    # does not commit such a step: it runs it again at the lowered scale).
+    overflow_skipped: bool = False
+    loss_scale: float = 1.0  # the scale the step's loss was multiplied by (1.0 unless fp16)
 
     @property
     def throughput_samples_per_s(self) -> float:

@@ -77,3 +77,38 @@ def seeded_forward(module: torch.nn.Module, layer: int, x: torch.Tensor) -> torc
             torch.manual_seed(sample_seed(streams.seed, streams.step, layer, streams.starts[k] + i))
             rows.append(module(x[i : i + 1]))
     return torch.cat(rows)
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a step's streams stood before one forward (see :func:`replaying`)."""
+
+    streams: _Streams
+    forwards: dict[int, int]
+
+
+def forward_position() -> Position | None:
+    """The step's streams and how many forwards each layer has run (None outside
+    :func:`sample_streams`)."""
+    streams = _CURRENT.get()
+    return None if streams is None else Position(streams, dict(streams.forwards))
+
+
+@contextmanager
+def replaying(position: Position | None) -> Iterator[None]:
+    """Run a forward again at an earlier ``position`` (activation recompute): it draws the masks
+    the original forward drew and leaves the step's counts as they were. The streams are set
+    again explicitly: the backward that recomputes may run on another thread (CUDA's autograd
+    threads), where the step's context is not current."""
+    if position is None:
+        yield
+        return
+    streams = position.streams
+    saved = streams.forwards
+    streams.forwards = dict(position.forwards)
+    token = _CURRENT.set(streams)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+        streams.forwards = saved

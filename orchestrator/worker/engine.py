@@ -25,7 +25,7 @@ from torch import nn
 from orchestrator.errors import SpecError
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import MemoryUse
-from orchestrator.worker import sharding, tensor_parallel, topology
+from orchestrator.worker import recompute, sharding, tensor_parallel, topology
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.dropout import sample_streams
 from orchestrator.worker.emulation import Stretcher
@@ -48,7 +48,9 @@ from orchestrator.worker.precision import (
     LossScaling,
     Precision,
     PrecisionPolicy,
+    attach_loss_scale,
     parse_precision,
+    restore_loss_scale,
 )
 from orchestrator.worker.recipe import OptimizerRecipe
 from orchestrator.worker.schedule import Schedule, microbatch_sizes
@@ -238,7 +240,12 @@ class StageEngine:
         )
         self.runner = PipelineRunner(
             spec=self.spec,
-            layers=[self.layers[i] for i in self.spec.layer_indices],
+            layers=recompute.stage_layers(
+                [self.layers[i] for i in self.spec.layer_indices],
+                self.spec.layer_indices,
+                self.model.num_planner_layers,
+                self.config.plan.replicas[self.spec.replica].stages[self.spec.stage].recompute,
+            ),
             model=self.model,
             device=self.device,
             stretcher=self.stretcher,
@@ -414,10 +421,12 @@ class StageEngine:
         ``tensor_parallel.merge_layer_states`` joins a stage's parts into the whole state.
         """
         if self.spec.tp > 1:
-            return {
+            tp_states = {
                 i: tensor_parallel.local_layer_state(layer, self.optimizers[i], self.spec)
                 for i, layer in self.layers.items()
             }
+            attach_loss_scale(tp_states, self.scaling)  # fp16: the scale travels with the layers
+            return tp_states
         states = {
             i: {
                 "params": _to_cpu(layer.state_dict()),
@@ -430,6 +439,7 @@ class StageEngine:
             # Sharded layers: whole params, this rank's slice of the optimizer state
             # (``sharding.merge_sharded_states`` joins the holders' slices).
             states.update(self.sharding.layer_states(self.layers))
+        attach_loss_scale(states, self.scaling)  # fp16: the scale travels with the layers
         return states
 
     def set_layer_states(self, states: dict[int, dict[str, Any]]) -> None:
@@ -441,6 +451,7 @@ class StageEngine:
                 field="checkpoint.layers",
                 fix="resume from a checkpoint of the same model",
             )
+        restore_loss_scale((states[i] for i in self.layers), self.scaling)
         if self.spec.tp > 1:
             for i, layer in self.layers.items():
                 tensor_parallel.load_local(layer, self.optimizers[i], states[i], self.spec)

@@ -175,3 +175,30 @@ class LossScaling:
     def unscale_(self, grads: list[torch.Tensor | None]) -> None:
         """Divide this step's gradients by the scale its loss was multiplied by."""
         unscale_(grads, self._step_scale)
+
+
+# Key of the fp16 loss scaler's state inside each layer state a rank returns: checkpoints and
+# re-plans move layer states, so the scale travels with them and a resumed or re-formed run
+# continues at the scale (and the clean-step count) it had, as GradScaler's state_dict does.
+LOSS_SCALE_KEY = "loss_scale"
+
+
+def attach_loss_scale(states: dict[int, dict[str, object]], scaling: LossScaling | None) -> None:
+    """Add the scaler's state to every layer state (fp16 only; a no-op otherwise)."""
+    if scaling is None:
+        return
+    for state in states.values():
+        state[LOSS_SCALE_KEY] = scaling.scaler.state_dict()
+
+
+def restore_loss_scale(states: Iterable[dict[str, object]], scaling: LossScaling | None) -> bool:
+    """Load the scaler's state from the first layer state that carries one; whether one did.
+    All ranks of a run hold the same scale (overflow is decided over the world group)."""
+    if scaling is None:
+        return False
+    for state in states:
+        saved = state.get(LOSS_SCALE_KEY)
+        if isinstance(saved, dict):
+            scaling.scaler.load_state_dict(saved)
+            return True
+    return False

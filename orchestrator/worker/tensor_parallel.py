@@ -152,7 +152,10 @@ def merge_layer_states(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
             key: _join(value, [p["optimizer"]["state"][idx][key] for p in parts], d)
             for key, value in entry.items()
         }
-    return {"params": params, "optimizer": {"state": state, "param_groups": opt["param_groups"]}}
+    merged = {"params": params, "optimizer": {"state": state, "param_groups": opt["param_groups"]}}
+    if "loss_scale" in parts[0]:  # fp16's scaler state, alike on every rank (worker/precision.py)
+        merged["loss_scale"] = parts[0]["loss_scale"]
+    return merged
 
 
 def _join(first: Any, values: list[Any], dim: int | None) -> Any:
@@ -180,7 +183,10 @@ def local_part(
         idx: {k: cut(v, dims[order[int(idx)]]) for k, v in entry.items()}
         for idx, entry in opt["state"].items()
     }
-    return {"params": params, "optimizer": {"state": state, "param_groups": opt["param_groups"]}}
+    part = {"params": params, "optimizer": {"state": state, "param_groups": opt["param_groups"]}}
+    if "loss_scale" in whole:  # fp16's scaler state, alike on every rank (worker/precision.py)
+        part["loss_scale"] = whole["loss_scale"]
+    return part
 
 
 def load_local(

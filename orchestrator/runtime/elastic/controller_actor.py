@@ -27,7 +27,7 @@ from typing import Any
 import ray
 
 from orchestrator.errors import PermanentError, UserError
-from orchestrator.runtime.discovery import RayNode, connect, discover_nodes
+from orchestrator.runtime.discovery import RayNode, connect, discover_nodes, one_backend
 from orchestrator.runtime.elastic.session import ElasticJob, Session, build_session
 from orchestrator.runtime.elastic.summary import RunSummary
 from orchestrator.runtime.elastic.updates import RunUpdate
@@ -198,10 +198,12 @@ def describe_cluster(job_name: str, nodes: list[RayNode]) -> str:
     for n in nodes:
         devices[n.device_type or "unknown"] += n.num_devices
     emulated = sorted({n.device_type for n in nodes if n.emulated})
+    _, mixed = one_backend(nodes)
     return (
         f"job {job_name}: {len(nodes)} nodes, devices "
         + ", ".join(f"{t} x{c}" for t, c in sorted(devices.items()))
         + (f"; emulated speeds on {', '.join(emulated)}" if emulated else "")
+        + (f"; {mixed}" if mixed else "")
     )
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import SpecError, TransientError
-from orchestrator.runtime.discovery import nodes_from_rows
+from orchestrator.runtime.discovery import nodes_from_rows, one_backend
 from orchestrator.spec.devices import DeviceCatalog
 from orchestrator.spec.labels import NODE_NAME_LABELS
 from orchestrator.spec.snapshot import ClusterSnapshot, NodeInfo
@@ -118,6 +118,9 @@ class RayClusterProbe:
             found = nodes_from_rows(selected)
         except SpecError as exc:  # a bad emulation label: leave the probe usable, say why
             raise TransientError(str(exc)) from exc
+        found, mixed = one_backend(found)  # never CPU and GPU ranks in one plan
+        if mixed is not None:
+            self._warn_once("mixed-backends", mixed)
         out = []
         for n in found:
             if n.device_type not in self.catalog:

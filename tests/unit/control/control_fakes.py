@@ -204,6 +204,8 @@ class FakeWorkerGroup:
         self.throttle: dict[str, float] = {}  # node -> factor its compute is slowed by
         self.before_step: Callable[[int], None] | None = None  # hook: inject events mid-step
         self.step_errors: dict[int, Exception] = {}  # step -> exception it raises
+        self.overflows: dict[int, int] = {}  # step -> times it overflows in fp16 (no update)
+        self.loss_scale = 2.0**16
 
     # -- the port --------------------------------------------------------------------------
     def launch(self, plan: Plan, restore: RestoreSource) -> None:
@@ -241,6 +243,10 @@ class FakeWorkerGroup:
             replica_s.append(total_s)
         duration_s = max(replica_s)
         self.clock.advance(duration_s)
+        if self.overflows.get(step, 0) > 0:  # like the engine: no rank applies it, scale halves
+            self.overflows[step] -= 1
+            scale, self.loss_scale = self.loss_scale, self.loss_scale / 2
+            return StepReport(step, 1.0, duration_s, self.plan.global_batch_size, (), True, scale)
         for layers in self.state.values():
             for layer in layers:
                 layers[layer] = (*layers[layer], step)

@@ -154,7 +154,13 @@ def _bound_case(memory_gib: float, devices: int = 2):
         vocab_size=1000,
         dtype="bf16",
     )
-    tr = TrainingSpec(global_batch_size=8, microbatch_sizes=[1], max_tensor_parallel=1)
+    # Without recompute: the activations of every layer count whole.
+    tr = TrainingSpec(
+        global_batch_size=8,
+        microbatch_sizes=[1],
+        max_tensor_parallel=1,
+        activation_recompute=False,
+    )
     c = cluster(("dev", 1, devices), memory_gib={"dev": memory_gib}).resolve()
     t = CostTables.for_cluster(m, tr, c).table("dev", 1, 1)
     n = m.num_planner_layers
