@@ -179,11 +179,11 @@ class HFTokens:
                 field="data.tokenizer",
                 fix="name a local tokenizer folder (the model's own)",
             )
-        self.tokenizer = load_tokenizer(source.tokenizer) if source.tokenizer else None
-        # The tokenizer's vocabulary with its added tokens (len(), not .vocab_size).
-        self.vocab_size: int | None = len(self.tokenizer) if self.tokenizer is not None else None
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        self.eos_id: int | None = int(eos) if eos is not None and self.kind == "text" else None
+        if source.tokenizer is not None and not Path(source.tokenizer).is_dir():
+            load_tokenizer(source.tokenizer)  # its one-line error
+        # The tokenizer's files decide its ids and EOS, so their digest keys the cache, and a
+        # process that finds the cache never loads the tokenizer (nor imports transformers).
+        self._tokenizer: Any = None
         key = {
             "format": CACHE_FORMAT,
             "fingerprint": self.data._fingerprint,
@@ -191,10 +191,34 @@ class HFTokens:
             "split": source.split,
             "column": source.column,
             "tokenizer": tokenizer_digest(source.tokenizer) if source.tokenizer else None,
-            "eos": self.eos_id,
         }
         self.key = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
         self.path = cache_folder(source.folder) / f"{Path(source.folder).name}-{self.key}.bin"
+
+    @property
+    def tokenizer(self) -> Any:
+        """The named tokenizer, loaded on first use; None without one."""
+        if self._tokenizer is None and self.source.tokenizer is not None:
+            self._tokenizer = load_tokenizer(self.source.tokenizer)
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The tokenizer's vocabulary with its added tokens (``len()``, not ``.vocab_size``), as
+        the cache recorded it or from the tokenizer; None without a tokenizer."""
+        if self.source.tokenizer is None:
+            return None
+        if self.cached():
+            return int(self._meta()["vocab_size"])
+        return len(self.tokenizer)
+
+    @property
+    def eos_id(self) -> int | None:
+        """The id written after each text row (None for token ids, or a tokenizer without EOS)."""
+        if self.kind != "text":
+            return None
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return int(eos) if eos is not None else None
 
     def check_vocab(self, model_vocab_size: int | None) -> None:
         """The tokenizer's vocabulary must fit the model's embedding (before any tokenizing)."""
@@ -211,34 +235,38 @@ class HFTokens:
     def _meta_path(self) -> Path:
         return self.path.with_name(self.path.name + META_SUFFIX)
 
+    def _meta(self) -> dict[str, Any]:
+        data = json.loads(self._meta_path().read_text())
+        return data if isinstance(data, dict) else {}
+
     def cached(self) -> bool:
         """The token file was written completely (its description is written last)."""
-        meta = self._meta_path()
-        if not (meta.is_file() and self.path.is_file()):
+        if not (self._meta_path().is_file() and self.path.is_file()):
             return False
         try:
-            return bool(json.loads(meta.read_text()).get("key") == self.key)
+            return bool(self._meta().get("key") == self.key)
         except (OSError, json.JSONDecodeError):
             return False
 
     def _rows(self) -> Any:
         """Each row's ids, in dataset order (text tokenized in batches, then its EOS id)."""
         column = self.source.column
+        eos = self.eos_id
         for first in range(0, len(self.data), ROWS_PER_BATCH):
             rows = self.data[first : first + ROWS_PER_BATCH][column]
             if self.kind == "ids":
                 yield from rows
                 continue
-            tokenizer: Any = self.tokenizer  # a text column always has one (checked above)
-            encoded = tokenizer(rows, add_special_tokens=False)["input_ids"]
+            encoded = self.tokenizer(rows, add_special_tokens=False)["input_ids"]
             for ids in encoded:
-                yield [*ids, self.eos_id] if self.eos_id is not None else ids
+                yield [*ids, eos] if eos is not None else ids
 
     def ensure(self) -> Path:
         """Tokenize into the cache unless it is there already; the token file's path."""
         if self.cached():
             return self.path
         vocab = self.vocab_size
+        eos_id = self.eos_id
         if vocab is None:  # token ids without a tokenizer: the ids' own range
             high = -1
             for ids in self._rows():
@@ -273,7 +301,7 @@ class HFTokens:
             "vocab_size": vocab,
             "num_tokens": total,
             "tokenizer": self.source.tokenizer,
-            "eos_id": self.eos_id,
+            "eos_id": eos_id,
             "source": f"{self.source.folder}:{self.source.split}:{self.source.column}",
         }
         text = (json.dumps(meta, indent=2) + "\n").encode()
@@ -281,7 +309,8 @@ class HFTokens:
         return self.path
 
     def dtype(self) -> str:
-        return str(json.loads(self._meta_path().read_text())["dtype"])
+        """The cached token file's id width."""
+        return str(self._meta()["dtype"])
 
 
 def open_hf_dataset(

@@ -65,6 +65,7 @@ def test_text_is_tokenized_once_with_eos_between_documents(
         raise AssertionError("tokenized twice")
 
     monkeypatch.setattr(data_hf.HFTokens, "_rows", no_tokenizing)
+    monkeypatch.setattr(data_hf, "load_tokenizer", no_tokenizing)  # nor loads the tokenizer
     again = open_data(_config(files))
     assert again.path == first.path and np.array_equal(again.tokens, first.tokens)
 
