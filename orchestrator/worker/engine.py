@@ -88,8 +88,11 @@ class EngineConfig:
     grad_bucket_mb: float = 25.0
     # Non-finite steps skipped (update dropped) before training stops (worker/finite.py).
     skip_nonfinite_steps: int = 0
-    # Count each step's memory term by term (worker/memory_account.py) into the step result.
+    # Count the memory term by term (worker/memory_account.py) on the first two steps a rank runs
+    # and every ``memory_account_every`` steps after (the hooks cost a Python call per saved
+    # tensor; a plan's memory is the same every step); other steps repeat the last count.
     account_memory: bool = True
+    memory_account_every: int = 50
 
     @property
     def optimizer_recipe(self) -> OptimizerRecipe:
@@ -180,6 +183,9 @@ class StageEngine:
         self.sharding: sharding.ShardedState | None = None
         self.runner: PipelineRunner | None = None
         self.device_memory: DeviceMemory | None = None
+        self._activations: ActivationAccount | None = None
+        self._last_memory: MemoryUse | None = None
+        self._steps_run = 0
         if self.stretcher.emulated:
             log.info(
                 "rank %d (%s): emulated speed, compute stretched x%.2f",
@@ -251,8 +257,8 @@ class StageEngine:
             stretcher=self.stretcher,
             policy=self.policy,
             sync_each=self.stretcher.emulated,
-            activations=self._activation_account(),
         )
+        self._activations = self._activation_account()
 
     def _activation_account(self) -> ActivationAccount | None:
         if not self.config.account_memory:
@@ -260,10 +266,14 @@ class StageEngine:
         self.device_memory = DeviceMemory(self.device)
         return ActivationAccount(p for layer in self.layers.values() for p in layer.parameters())
 
+    def _counts_memory(self, step: int) -> bool:
+        every = max(1, self.config.memory_account_every)
+        return self._activations is not None and (self._steps_run < 2 or step % every == 0)
+
     def memory_use(self) -> MemoryUse | None:
-        """This rank's memory terms as of now (None when not counted)."""
+        """This rank's memory terms as of its last counted step (None when not counted)."""
         if self.runner is None or self.runner.activations is None:
-            return None
+            return self._last_memory
         optimizers = list(self.optimizers.values())
         masters: list[torch.Tensor] = []
         if self.sharding is not None:
@@ -271,9 +281,10 @@ class StageEngine:
                 if g.optimizer is not None:
                     optimizers.append(g.optimizer)
                 masters.extend(t for t in (g.master, g.grad_slice) if t is not None)
-        return memory_use(
+        self._last_memory = memory_use(
             self.layers.values(), optimizers, self.runner.activations, self.device_memory, masters
         )
+        return self._last_memory
 
     def train_step(self, step: int) -> StepResult:
         """Run step ``step`` of training on the global batch (this rank's part of it)."""
@@ -307,6 +318,8 @@ class StageEngine:
         if self.grad_sync is not None:
             self.grad_sync.begin(len(sizes))
         offset = self.spec.replica_sample_offset
+        self.runner.activations = self._activations if self._counts_memory(step) else None
+        self._steps_run += 1
         with sample_streams(self.config.seed, step, offset, sizes):  # seeded dropout, if any
             loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets, scale)
         if self.grad_sync is not None:
