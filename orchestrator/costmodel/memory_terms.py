@@ -31,6 +31,10 @@ class MemoryTerms:
     activations_bytes: float  # all microbatches in flight at the stage's peak
     microbatches_in_flight: int
     framework_bytes: float
+    # Activation recompute: one microbatch's full activations of the largest recomputed block,
+    # live only while that block's forward is re-run in the backward. A rank's account counts what
+    # the forward saves, so this term stands beside the counted ones (0 without recompute).
+    recompute_transient_bytes: float = 0.0
 
     @property
     def counted_bytes(self) -> float:
@@ -42,6 +46,12 @@ class MemoryTerms:
             + self.cast_weight_bytes
             + self.activations_bytes
         )
+
+    @property
+    def total_bytes(self) -> float:
+        """The device's predicted peak: what is counted, the recompute transient and the
+        framework footprint (the estimate's ``memory_bytes``)."""
+        return self.counted_bytes + self.recompute_transient_bytes + self.framework_bytes
 
 
 def memory_terms(plan: Plan, tables: CostTables, schedule: str = "1f1b") -> tuple[MemoryTerms, ...]:
@@ -59,10 +69,14 @@ def memory_terms(plan: Plan, tables: CostTables, schedule: str = "1f1b") -> tupl
                     model.layer_params(i)
                     for i in range(start, end)
                     if model.layer_kind(i) is not LayerKind.EMBEDDING
+                    # A recomputed block's copies live only in the recompute transient.
+                    and not (stage.recompute and model.layer_kind(i) is LayerKind.BLOCK)
                 )
                 / stage.tp
             )
-            table = tables.table(stage.device_type, plan.microbatch_size, stage.tp)
+            table = tables.table(
+                stage.device_type, plan.microbatch_size, stage.tp, recompute=stage.recompute
+            )
             in_flight = memory.microbatches_in_flight(s, len(rep.stages), num_micro, schedule)
             out.append(
                 MemoryTerms(
@@ -75,6 +89,7 @@ def memory_terms(plan: Plan, tables: CostTables, schedule: str = "1f1b") -> tupl
                     activations_bytes=in_flight * table.activation_bytes(start, end),
                     microbatches_in_flight=in_flight,
                     framework_bytes=tables.framework_overhead_bytes(stage.device_type),
+                    recompute_transient_bytes=table.transient_max_bytes(start, end),
                 )
             )
     return tuple(out)

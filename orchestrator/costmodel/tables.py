@@ -155,7 +155,9 @@ def _prefix(values: list[float]) -> tuple[float, ...]:
     return (0.0, *accumulate(values))
 
 
-def recomputed_table(base: LayerTable, model: ModelSpec, microbatch_size: int) -> LayerTable:
+def recomputed_table(
+    base: LayerTable, model: ModelSpec, microbatch_size: int, cast_bytes_per_param: float = 0.0
+) -> LayerTable:
     """``base`` with activation recompute on every block (``torch.utils.checkpoint`` per block,
     as the engine runs it; embedding and head run whole).
 
@@ -163,19 +165,39 @@ def recomputed_table(base: LayerTable, model: ModelSpec, microbatch_size: int) -
     states, whole on every tensor-parallel rank (no sequence parallel). Its backward first runs
     its forward again, so the block's backward costs its forward more, and while it does the
     block's full activations of that one microbatch are live: the transient.
+
+    Under autocast a block's 16-bit weight copies (``cast_bytes_per_param``) are saved only by the
+    forward that backward needs, so with recompute they leave the held state and join the
+    transient: they exist while that one block is re-run.
     """
     boundary = comm.boundary_activation_bytes(model, microbatch_size)
+    # 16-bit compute: a stage that does not start at the embedding receives its input in 16 bits
+    # and its residual stream stays so; each recomputed block then keeps a 16-bit input.
+    later = base.boundary_activation_prefix_bytes
+    later_boundary = microbatch_size * model.sequence_length * model.hidden_size * 2
+    later_activations: list[float] = []
     times: list[LayerTime] = []
     activations: list[float] = []
     transients: list[float] = []
-    for layer, (t, (a, b)) in enumerate(
-        zip(base.times, pairwise(base.activation_prefix_bytes), strict=True)
+    states: list[float] = []
+    for layer, (t, (a, b), (sa, sb)) in enumerate(
+        zip(
+            base.times,
+            pairwise(base.activation_prefix_bytes),
+            pairwise(base.state_prefix_bytes),
+            strict=True,
+        )
     ):
         if model.layer_kind(layer) is not LayerKind.BLOCK:
             times.append(t)
             activations.append(b - a)
             transients.append(0.0)
+            states.append(sb - sa)
+            if later is not None:
+                later_activations.append(later[layer + 1] - later[layer])
             continue
+        cast = model.layer_params(layer) / base.tp * cast_bytes_per_param
+        states.append(sb - sa - cast)
         times.append(
             LayerTime(
                 forward_s=t.forward_s,
@@ -185,14 +207,15 @@ def recomputed_table(base: LayerTable, model: ModelSpec, microbatch_size: int) -
             )
         )
         activations.append(boundary)
-        transients.append(b - a)
+        later_activations.append(later_boundary)
+        transients.append(b - a + cast)
     return replace(
         base,
         times=tuple(times),
         compute_prefix_s=_prefix([t.forward_s + t.backward_s for t in times]),
+        state_prefix_bytes=_prefix(states),
         activation_prefix_bytes=_prefix(activations),
-        # A recomputed block keeps only its boundary input, the same for every stage start.
-        boundary_activation_prefix_bytes=None,
+        boundary_activation_prefix_bytes=None if later is None else _prefix(later_activations),
         transient_bytes=tuple(transients),
         recompute=True,
         _memory_prefix_cache={},
@@ -291,7 +314,8 @@ class CostTables:
         if cached is None:
             if recompute:
                 base = self.table(device_type, microbatch_size, tp)
-                cached = recomputed_table(base, self.model, microbatch_size)
+                cast = self.state_terms(device_type).cast_weights
+                cached = recomputed_table(base, self.model, microbatch_size, cast)
             else:
                 cached = self._build(device_type, microbatch_size, tp)
             self._cache[key] = cached

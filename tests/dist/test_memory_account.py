@@ -1,4 +1,5 @@
-"""Each rank's counted memory matches the cost model's per-rank terms (fp32 and bf16 plans).
+"""Each rank's counted memory matches the cost model's per-rank terms (fp32, bf16 and recompute
+plans).
 
 The ranks run as gloo processes on the CPU (``run_local``); the cost model reads a profile the
 profiler measured on the same model, as a planned run would.
@@ -23,17 +24,34 @@ TOLERANCE = 0.10
 
 
 def _within(measured: float, predicted: float) -> bool:
+    if measured == 0:
+        return predicted == 0
     return abs(predicted / measured - 1) <= TOLERANCE
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_counted_memory_per_rank_matches_the_cost_model(precision: str) -> None:
+@pytest.mark.parametrize(
+    ("precision", "recompute"), [("fp32", False), ("bf16", False), ("fp32", True), ("bf16", True)]
+)
+def test_counted_memory_per_rank_matches_the_cost_model(precision: str, recompute: bool) -> None:
     # A whole-model replica (1 microbatch in flight) and a two-stage pipeline (its first stage
-    # holds 2 under 1F1B), two microbatches each.
+    # holds 2 under 1F1B), two microbatches each; with recompute, on every stage.
     plan = make_plan(
         [(4, [((0, 5), "A100-80")]), (4, [((0, 2), "A100-80"), ((2, 5), "A100-80")])],
         microbatch_size=2,
     )
+    if recompute:
+        plan = plan.model_copy(
+            update={
+                "replicas": [
+                    rep.model_copy(
+                        update={
+                            "stages": [s.model_copy(update={"recompute": True}) for s in rep.stages]
+                        }
+                    )
+                    for rep in plan.replicas
+                ]
+            }
+        )
     measured_profile = profile(
         ProfileRequest(GPT_FACTORY, dict(TINY_GPT), "A100-80", (2,), DATA, warmup=0, repeats=1)
     )
@@ -54,7 +72,7 @@ def test_counted_memory_per_rank_matches_the_cost_model(precision: str) -> None:
         counted = run.results[spec.rank][-1].memory
         assert counted is not None
         want = predicted[(spec.replica, spec.stage)]
-        where = f"rank {spec.rank} ({precision})"
+        where = f"rank {spec.rank} ({precision}{', recompute' if recompute else ''})"
         assert counted.microbatches_in_flight == want.microbatches_in_flight, where
         for name, got, pred in [
             ("weights", counted.weights_bytes, want.weights_bytes),
@@ -72,4 +90,5 @@ def test_counted_memory_per_rank_matches_the_cost_model(precision: str) -> None:
         device = next(
             d for d in estimate.devices if (d.replica, d.stage) == (spec.replica, spec.stage)
         )
-        assert device.memory_bytes == pytest.approx(want.counted_bytes + want.framework_bytes)
+        assert device.memory_bytes == pytest.approx(want.total_bytes)
+        assert (want.recompute_transient_bytes > 0) == recompute, where
