@@ -34,21 +34,25 @@ DEVICE = "A100-80"
 MICROBATCH = 4
 
 
-def bench_plan(num_layers: int) -> Plan:
+def bench_plan(num_layers: int, recompute: bool = False) -> Plan:
     """A whole-model replica and a two-stage pipeline, four microbatches each (1F1B: the
-    pipeline's first stage holds two in flight)."""
+    pipeline's first stage holds two in flight); ``recompute``: on every stage."""
     half = num_layers // 2
+    on = {"recompute": True} if recompute else {}
     return Plan.model_validate(
         {
             "global_batch_size": 32,
             "microbatch_size": MICROBATCH,
             "replicas": [
-                {"batch_size": 16, "stages": [{"layers": [0, num_layers], "device_type": DEVICE}]},
+                {
+                    "batch_size": 16,
+                    "stages": [{"layers": [0, num_layers], "device_type": DEVICE, **on}],
+                },
                 {
                     "batch_size": 16,
                     "stages": [
-                        {"layers": [0, half], "device_type": DEVICE},
-                        {"layers": [half, num_layers], "device_type": DEVICE},
+                        {"layers": [0, half], "device_type": DEVICE, **on},
+                        {"layers": [half, num_layers], "device_type": DEVICE, **on},
                     ],
                 },
             ],
@@ -72,31 +76,34 @@ def main() -> None:
     }
     data = DataConfig(sequence_length=args.sequence)
     plan = bench_plan(args.blocks + 2)
+    recomputed = bench_plan(args.blocks + 2, recompute=True)
     measured = profile(ProfileRequest(FACTORY, dict(shape), DEVICE, (MICROBATCH,), data))
     print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print(f"profiled runtime constants: {measured.runtime}")
     model = ModelSpec(name=measured.model, vocab_size=256, dtype="fp32", **shape)
     cluster = Cluster(nodes=(Node.from_device("n", DeviceCatalog.builtin()[DEVICE], 4),))
     worst = 0.0
-    for precision in ("fp32", "bf16"):
+    for precision, recompute in (("fp32", False), ("bf16", False), ("bf16", True)):
+        this = recomputed if recompute else plan
+        label = precision + (" + recompute" if recompute else "")
         training = TrainingSpec(
             global_batch_size=plan.global_batch_size,
             microbatch_sizes=[MICROBATCH],
             precision=None if precision == "fp32" else precision,
         )
         tables = CostTables.for_cluster(model, training, cluster, ProfileSet([measured]))
-        predicted = {(t.replica, t.stage): t for t in memory_terms(plan, tables)}
+        predicted = {(t.replica, t.stage): t for t in memory_terms(this, tables)}
         config = EngineConfig(
             model_factory=FACTORY,
             model_kwargs=dict(shape),
-            plan=plan,
+            plan=this,
             rank=0,
             data=data,
             precision=precision,
         )
         run = run_local(config, range(args.steps))
-        print(f"{precision}: counted / predicted bytes per rank (predicted / counted)")
-        for spec in topology.ranks_for_plan(plan):
+        print(f"{label}: counted / predicted bytes per rank (predicted / counted)")
+        for spec in topology.ranks_for_plan(this):
             got = run.results[spec.rank][-1].memory
             assert got is not None
             want = predicted[(spec.replica, spec.stage)]
