@@ -220,9 +220,13 @@ class StageEngine:
             self.recipe.learning_rate,
             self.groups.handles,
         )
-        # Sharded groups reduce their own gradients after the backward (worker/sharding.py),
-        # so the overlapped all-reduce is used only where no layer is sharded.
-        overlap = self.config.overlap_grad_reduce and not self.sharding.self_reduced
+        # Every holder of a gradient group must build the same buffers, so the choice is the
+        # plan's, not the rank's: sharded groups that reduce their own gradients
+        # (worker/sharding.py) and tensor-parallel stages (whole-shape contributions of DTensor
+        # slices, worker/groups.py) take the blocking path everywhere.
+        overlap = self.config.overlap_grad_reduce and topology.overlaps_grad_reduce(
+            self.config.plan
+        )
         self.grad_sync = (
             OverlappedGradSync(
                 self.groups.mine, self.layers, int(self.config.grad_bucket_mb * 1024 * 1024)
