@@ -264,8 +264,10 @@ class StageEngine:
     def compute_gradients(self, step: int) -> float | None:
         """Forward and backward of this rank's microbatches, then the gradient all-reduce."""
         assert self.runner is not None and self.groups is not None, "call setup() first"
-        for opt in self.optimizers.values():
-            opt.zero_grad(set_to_none=True)
+        # Every layer, not every optimizer: a shard group's layers have none of their own, and
+        # a layer kept across a change of plan may arrive with its last step's gradients.
+        for layer in self.layers.values():
+            layer.zero_grad(set_to_none=True)
         inputs, targets = self._batch(step)
         sizes = microbatch_sizes(self.spec.replica_batch_size, self.config.plan.microbatch_size)
         weights = [m / self.config.plan.global_batch_size for m in sizes]
