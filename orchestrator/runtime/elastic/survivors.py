@@ -47,7 +47,13 @@ from orchestrator.runtime.placement import (
 )
 from orchestrator.runtime.validation import validate_model_for_plan, validate_plan_for_cluster
 from orchestrator.spec.plan import Plan
-from orchestrator.worker.topology import RankSpec, layer_copies, ranks_for_plan, whole_layers
+from orchestrator.worker.topology import (
+    RankSpec,
+    layer_copies,
+    ranks_for_plan,
+    shard_groups,
+    whole_layers,
+)
 
 # How long a survivor's step blocked on a dead peer may take to fail before the survivor is dropped.
 INFLIGHT_GRACE_S = 10.0
@@ -148,6 +154,14 @@ class ElasticWorkerGroup(WorkerGroup):
         self._nodes = discover_nodes()
         validate_plan_for_cluster(plan, self._nodes, num_planner_layers)
         alive = self._survivors(dead_ranks)
+        if keep_state:
+            # A shard group's update ends in collectives among its sharded holders, so the
+            # survivors settle the committed update together, before anything moves; a holder
+            # whose shard group lost a rank cannot, and its state is not used.
+            broken = _broken_shard_holders(self.plan, alive)
+            settle = {r: self._actors[r].settle.remote(committed_steps) for r in alive - broken}
+            self._gather("settle the committed update", settle, self.options.step_timeout_s)
+            alive -= broken
         # What each survivor may keep in place: the layers it holds whole by itself.
         held = {r: whole_layers(self.plan, r) for r in alive}
         copies = _live_copies(self.plan, alive)
@@ -218,7 +232,8 @@ class ElasticWorkerGroup(WorkerGroup):
         self.workers = [w for w in workers if w is not None]
         self._pgs = [p for p in pgs if p is not None]
         self.plan, self.ranks = plan, new_ranks
-        infos = self._join(plan_json, keep, incoming, committed_steps)
+        # Settled above, or (from the checkpoint) not needed: every pending update is dropped.
+        infos = self._join(plan_json, keep, incoming, committed_steps if keep_state else 0)
         self.next_step = start_step
         self.last_reform = ReformReport(
             bytes_moved=sum(int(i["bytes_in"]) for i in infos.values()),
@@ -325,6 +340,16 @@ def _assign(
         best = max(fits, key=lambda old: (len(held[old] & set(spec.layer_indices)), -old))
         out[spec.rank] = best
         free.discard(best)
+    return out
+
+
+def _broken_shard_holders(plan: Plan, alive: set[int]) -> set[int]:
+    """Live sharded holders of a shard group that lost a sharded holder."""
+    out: set[int] = set()
+    for group in shard_groups(plan):
+        members = set(group.sharded)
+        if members - alive:
+            out |= members & alive
     return out
 
 

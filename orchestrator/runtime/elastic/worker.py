@@ -157,6 +157,11 @@ class ElasticWorker(_Base):  # type: ignore[misc]
             "pid": os.getpid(),
         }
 
+    def settle(self, committed_steps: int) -> None:
+        """Apply the pending update if its step is committed, else drop it (a shard group's
+        holders settle together: its update ends in collectives among them)."""
+        self._settle(committed_steps)
+
     def pending_step(self) -> int | None:
         """The step whose update is reduced but not yet applied (tests read it)."""
         return self._pending_step
