@@ -39,7 +39,7 @@ from orchestrator.runtime.placement import PlacedGroup, bundle_requests, place, 
 from orchestrator.runtime.validation import validate_model_for_plan, validate_plan_for_cluster
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import MemoryUse, StageTiming, StepReport
-from orchestrator.worker.topology import RankSpec, layer_holders, ranks_for_plan
+from orchestrator.worker.topology import RankSpec, layer_copies, ranks_for_plan
 
 
 @dataclass(frozen=True)
@@ -132,22 +132,26 @@ class WorkerGroup:
         return self._report(step, results, duration_s)
 
     def fetch_layer_states(self) -> dict[int, dict[str, Any]]:
-        """Each planner layer's parameters and optimizer state, from a live rank holding it.
+        """Each planner layer's whole parameters and optimizer state, from a live copy of it.
 
-        Raises :class:`WorkerLost` naming the ranks when some layer has no live holder.
+        A copy is the ranks that together hold the layer (``topology.layer_copies``): one rank,
+        a tensor-parallel stage, or a shard group's sharded holders; their parts are joined
+        here into the tp-1, unsharded form. Raises :class:`WorkerLost` naming the ranks when some
+        layer has no copy whose ranks all live.
         """
         assert self.plan is not None, "fetch_layer_states() before launch()"
         alive = self._alive_ranks()
-        chosen: dict[int, list[int]] = {}
-        for layer, holders in sorted(layer_holders(self.plan).items()):
-            live = [r for r in holders if r in alive]
+        chosen: dict[int, tuple[int, ...]] = {}
+        for layer, copies in sorted(layer_copies(self.plan).items()):
+            live = [c for c in copies if set(c) <= alive]
             if not live:
                 dead = tuple(r for r in range(len(self._actors)) if r not in alive)
-                raise WorkerLost(dead, self._node_ids(dead), f"layer {layer} has no live holder")
-            chosen.setdefault(live[0], []).append(layer)
-        refs = {r: self._actors[r].get_layer_states.remote() for r in chosen}
+                raise WorkerLost(dead, self._node_ids(dead), f"layer {layer} has no live copy")
+            chosen[layer] = live[0]
+        ranks = sorted({r for copy in chosen.values() for r in copy})
+        refs = {r: self._actors[r].get_layer_states.remote() for r in ranks}
         got = self._gather("fetch layer states", refs, self.options.step_timeout_s)
-        return {layer: got[r][layer] for r, layers in chosen.items() for layer in layers}
+        return whole_states(got, chosen)
 
     def stop(self) -> None:
         """Shut every worker down (briefly politely, then by force) and free the placement."""
@@ -331,3 +335,21 @@ def _memory_use(raw: Any) -> MemoryUse | None:
     if raw is None or isinstance(raw, MemoryUse):
         return raw
     return MemoryUse(**raw)
+
+
+def whole_states(
+    parts_by_rank: Mapping[int, Mapping[int, Any]], copies: Mapping[int, tuple[int, ...]]
+) -> dict[int, dict[str, Any]]:
+    """Layer -> whole state, from each rank's ``get_layer_states`` answer and the copy chosen
+    for each layer (the parts of a tensor-parallel stage or a shard group are joined)."""
+    from orchestrator.worker.sharding import merge_sharded_states  # torch: in the caller only
+
+    parts: dict[int, list[Any]] = {}
+    for layer, copy in copies.items():
+        parts[layer] = [parts_by_rank[r][layer] for r in copy]
+    # A shard group's slices are cut from its layers' joint flat state: merge them together.
+    for copy in copies.values():
+        for other in sorted({i for r in copy for i in parts_by_rank[r]} - set(parts)):
+            parts[other] = [parts_by_rank[q][other] for q in copy if other in parts_by_rank[q]]
+    merged = merge_sharded_states(parts)
+    return {layer: merged[layer] for layer in copies}

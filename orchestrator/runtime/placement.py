@@ -17,6 +17,7 @@ from orchestrator.errors import SpecError, TransientError
 from orchestrator.runtime.discovery import RayNode
 from orchestrator.spec.labels import DEVICE_TYPE_LABEL, NODE_ID_LABEL
 from orchestrator.spec.plan import Plan
+from orchestrator.worker.topology import ranks_for_plan
 
 
 @dataclass(frozen=True)
@@ -29,12 +30,9 @@ class WorkerSlot:
 
 
 def slots_for_plan(plan: Plan) -> list[WorkerSlot]:
-    """One slot per rank, replica-major and stage-minor (the worker side's rank order)."""
-    slots: list[WorkerSlot] = []
-    for replica in plan.replicas:
-        for stage in replica.stages:
-            slots.append(WorkerSlot(len(slots), stage.device_type, stage.node))
-    return slots
+    """One slot per rank, in the worker side's rank order (replica-major, then stage, then
+    tensor-parallel position: a stage at tp ``n`` is ``n`` slots)."""
+    return [WorkerSlot(s.rank, s.device_type, s.node) for s in ranks_for_plan(plan)]
 
 
 @dataclass(frozen=True)

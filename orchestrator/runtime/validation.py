@@ -17,9 +17,9 @@ def validate_plan_for_cluster(
 ) -> None:
     """Raise a one-line :class:`~orchestrator.errors.SpecError` if the plan cannot run here.
 
-    Checks: tensor-parallel degree and sharding (the Ray runtime runs tp 1, unsharded), one
-    backend (no stages on both CPU and GPU nodes), device types known to the catalog, the layer
-    count (when given), enough devices of every type, and pinned nodes that exist.
+    Checks: sharding levels the workers execute (``full`` is planned only; sharded stages at
+    tp 1), one backend (no stages on both CPU and GPU nodes), device types known to the catalog,
+    the layer count (when given), enough devices of every type, and pinned nodes that exist.
     """
     check_supported(plan)
     check_one_backend(plan, nodes)

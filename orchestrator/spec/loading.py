@@ -115,9 +115,7 @@ def parse_spec(
     return spec
 
 
-def load_spec(
-    kind: type[SpecT], path: Path | str, context: dict[str, Any] | None = None
-) -> SpecT:
+def load_spec(kind: type[SpecT], path: Path | str, context: dict[str, Any] | None = None) -> SpecT:
     """Read and validate a file as ``kind``."""
     return parse_spec(kind, read_document(path), str(path), context)
 

@@ -234,9 +234,13 @@ class StageEngine:
             self.recipe.learning_rate,
             self.groups.handles,
         )
-        # Sharded groups reduce their own gradients after the backward (worker/sharding.py),
-        # so the overlapped all-reduce is used only where no layer is sharded.
-        overlap = self.config.overlap_grad_reduce and not self.sharding.self_reduced
+        # Every holder of a gradient group must build the same buffers, so the choice is the
+        # plan's, not the rank's: sharded groups that reduce their own gradients
+        # (worker/sharding.py) and tensor-parallel stages (whole-shape contributions of DTensor
+        # slices, worker/groups.py) take the blocking path everywhere.
+        overlap = self.config.overlap_grad_reduce and topology.overlaps_grad_reduce(
+            self.config.plan
+        )
         self.grad_sync = (
             OverlappedGradSync(
                 self.groups.mine, self.layers, int(self.config.grad_bucket_mb * 1024 * 1024)
@@ -308,8 +312,10 @@ class StageEngine:
     def compute_gradients(self, step: int) -> float | None:
         """Forward and backward of this rank's microbatches, then the gradient all-reduce."""
         assert self.runner is not None and self.groups is not None, "call setup() first"
-        for opt in self.optimizers.values():
-            opt.zero_grad(set_to_none=True)
+        # Every layer, not every optimizer: a shard group's layers have none of their own, and
+        # a layer kept across a change of plan may arrive with its last step's gradients.
+        for layer in self.layers.values():
+            layer.zero_grad(set_to_none=True)
         inputs, targets = self._batch(step)
         sizes = microbatch_sizes(self.spec.replica_batch_size, self.config.plan.microbatch_size)
         weights = [m / self.config.plan.global_batch_size for m in sizes]

@@ -40,8 +40,13 @@ class FiniteGuard:
         self, step: int, loss: float | None, layers: Mapping[int, nn.Module], device: torch.device
     ) -> bool:
         """True when the step may be applied; False when it was skipped (gradients dropped)."""
+        # A tensor-parallel slice is checked as this rank's local tensor (the flags are
+        # all-reduced below, so every slice is seen).
         grads = [
-            p.grad for layer in layers.values() for p in layer.parameters() if p.grad is not None
+            _local(p.grad)
+            for layer in layers.values()
+            for p in layer.parameters()
+            if p.grad is not None
         ]
         grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
         flags = torch.tensor(
@@ -85,3 +90,9 @@ class FiniteGuard:
             "model, or bad values in the data (fix it and resume from the last checkpoint, or "
             "set training.skip_nonfinite_steps to skip a few such steps)"
         )
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return grad.to_local() if isinstance(grad, DTensor) else grad

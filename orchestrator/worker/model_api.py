@@ -138,9 +138,7 @@ def _accepted(factory: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, 
     from orchestrator.spec.model import shape_defaults
 
     defaults = shape_defaults()
-    return {
-        k: v for k, v in kwargs.items() if k in names or k not in defaults or v != defaults[k]
-    }
+    return {k: v for k, v in kwargs.items() if k in names or k not in defaults or v != defaults[k]}
 
 
 def check_layer_count(model: LayeredModel, plan_num_layers: int) -> None:

@@ -30,6 +30,13 @@ def make_optimizer(
     return make_recipe_optimizer(OptimizerRecipe(name=name, learning_rate=learning_rate), named)
 
 
+def optimizer_order(layer: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Parameter names in the order of the optimizer's state indices (its param groups in turn:
+    the recipe puts 2+-dimensional tensors first), which need not be the layer's own order."""
+    name_of = {id(p): name for name, p in layer.named_parameters()}
+    return [name_of[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
 def make_recipe_optimizer(
     recipe: OptimizerRecipe, named_params: Iterable[tuple[str, nn.Parameter]]
 ) -> torch.optim.Optimizer:

@@ -38,7 +38,7 @@ from torch import nn
 from orchestrator.errors import SpecError
 from orchestrator.spec.plan import Plan, Sharding
 from orchestrator.worker import tensor_parallel
-from orchestrator.worker.optim import make_optimizer, set_learning_rate
+from orchestrator.worker.optim import make_optimizer, optimizer_order, set_learning_rate
 from orchestrator.worker.recipe import OptimizerRecipe
 from orchestrator.worker.topology import ShardGroup, shard_bounds, shard_groups
 
@@ -96,12 +96,23 @@ class ShardedState:
         self.optimizer_name = optimizer_name
         self.learning_rate = learning_rate
         self.groups: list[_Group] = []
+        # Per sharded layer: its parameter names, the optimizer's state order and param groups
+        # (the recipe groups parameters by shape), so whole states keep the recipe's layout.
+        self.names: dict[int, list[str]] = {}
+        self.orders: dict[int, list[str]] = {}
+        self.param_groups: dict[int, list[dict[str, Any]]] = {}
         for group in shard_groups(plan):
             handle = dist.new_group(ranks=list(group.sharded))
             if rank in group.sharded:
                 self.groups.append(_Group(group, rank, all_handles[group.ranks], handle))
         for g in self.groups:
-            whole = {i: {"optimizer": optimizers.pop(i).state_dict()} for i in g.group.layers}
+            whole = {}
+            for i in g.group.layers:
+                opt = optimizers.pop(i)
+                self.names[i] = [name for name, _ in layers[i].named_parameters()]
+                self.orders[i] = optimizer_order(layers[i], opt)
+                whole[i] = {"optimizer": opt.state_dict()}
+                self.param_groups[i] = whole[i]["optimizer"]["param_groups"]
             self._init_slice(g, layers, whole)
 
     @property
@@ -124,7 +135,8 @@ class ShardedState:
         g.optimizer = make_optimizer(self.optimizer_name, [g.master], self.learning_rate)
         sliced = _slice_optimizer_state(
             [whole[i]["optimizer"] for i in g.group.layers],
-            [list(layers[i].parameters()) for i in g.group.layers],
+            [self.names[i] for i in g.group.layers],
+            [self.orders[i] for i in g.group.layers],
             lo,
             hi,
         )
@@ -200,6 +212,9 @@ class ShardedState:
                 "index": g.index,
                 "parts": len(g.group.sharded),
                 "optimizer": opt,
+                "names": {i: self.names[i] for i in g.group.layers},
+                "orders": {i: self.orders[i] for i in g.group.layers},
+                "param_groups": {i: self.param_groups[i] for i in g.group.layers},
             }
             for i in g.group.layers:
                 out[i] = {
@@ -215,14 +230,21 @@ class ShardedState:
 
 
 def _slice_optimizer_state(
-    states: Sequence[dict[str, Any]], params: Sequence[Sequence[nn.Parameter]], lo: int, hi: int
+    states: Sequence[dict[str, Any]],
+    names: Sequence[Sequence[str]],
+    orders: Sequence[Sequence[str]],
+    lo: int,
+    hi: int,
 ) -> dict[str, Any] | None:
     """Per-layer optimizer state dicts -> the flat slice ``[lo, hi)`` of their per-parameter
-    tensors (scalars such as Adam's step are alike across parameters); None if stateless."""
+    tensors, taken in parameter order (``names``; ``orders``: each layer's state index ->
+    parameter name). Scalars such as Adam's step are alike across parameters; None if
+    stateless."""
     entries: list[dict[str, Any]] = []
-    for state, ps in zip(states, params, strict=True):
-        for j in range(len(ps)):
-            entry = state.get("state", {}).get(j)
+    for state, layer_names, order in zip(states, names, orders, strict=True):
+        index = {name: k for k, name in enumerate(order)}
+        for name in layer_names:
+            entry = state.get("state", {}).get(index[name])
             if entry is None:
                 return None
             entries.append(entry)
@@ -255,7 +277,6 @@ def merge_sharded_states(parts_by_layer: dict[int, list[dict[str, Any]]]) -> dic
             raise ValueError(f"need every sharded holder's slice to merge layer {layer}")
         group_layers = records[0]["layers"]
         slices = [r["optimizer"]["state"].get(0) for r in records]
-        groups = records[0]["optimizer"]["param_groups"]
         flat: dict[str, Any] = {}
         if all(s is not None for s in slices):
             for key, value in slices[0].items():
@@ -267,11 +288,12 @@ def merge_sharded_states(parts_by_layer: dict[int, list[dict[str, Any]]]) -> dic
         for i in group_layers:
             params = parts_by_layer[i][0]["params"]
             state: dict[int, dict[str, Any]] = {}
-            names = list(params)
-            for j, name in enumerate(names):
+            names = records[0]["names"][i]
+            index = {name: k for k, name in enumerate(records[0]["orders"][i])}
+            for name in names:
                 n = params[name].numel()
                 if flat:
-                    state[j] = {
+                    state[index[name]] = {
                         key: (
                             v[offset : offset + n].view_as(params[name]).clone()
                             if isinstance(v, torch.Tensor) and v.dim() > 0
@@ -280,9 +302,8 @@ def merge_sharded_states(parts_by_layer: dict[int, list[dict[str, Any]]]) -> dic
                         for key, v in flat.items()
                     }
                 offset += n
-            group = dict(groups[0])
-            group["params"] = list(range(len(names)))
-            out[i] = {"params": params, "optimizer": {"state": state, "param_groups": [group]}}
+            groups = records[0]["param_groups"][i]
+            out[i] = {"params": params, "optimizer": {"state": state, "param_groups": groups}}
             done.add(i)
     return out
 

@@ -40,6 +40,7 @@ from torch.distributed.tensor.parallel import (
 from orchestrator.errors import SpecError
 from orchestrator.spec.plan import Plan
 from orchestrator.worker.model_api import LayeredModel
+from orchestrator.worker.optim import optimizer_order
 from orchestrator.worker.topology import RankSpec, tp_groups
 
 SHARD_KEY = "tp_shard"
@@ -126,7 +127,8 @@ def local_layer_state(
             "tp": spec.tp,
             "tp_rank": spec.tp_rank,
             "dims": shard_dims(layer),
-            "order": [name for name, _ in layer.named_parameters()],
+            # Optimizer state index -> parameter name (the recipe groups parameters by shape).
+            "order": optimizer_order(layer, optimizer),
         },
     }
 
@@ -195,7 +197,7 @@ def load_local(
     """Load a whole (or this stage's merged) layer state into a tensor-parallel layer."""
     named = dict(layer.named_parameters())
     dims = shard_dims(layer)
-    order = list(named)
+    order = optimizer_order(layer, optimizer)
     # Copies: the caller may hand several ranks the same (e.g. shared-memory) tensors, and the
     # optimizer updates its state in place.
     part = _local(local_part(whole, dims, order, spec.tp_rank, spec.tp))

@@ -70,24 +70,9 @@ class GradGroup:
 
 
 def check_supported(plan: Plan) -> None:
-    """Raise :class:`SpecError` for plans the Ray runtime cannot place yet: it places one actor
-    per stage, so tensor-parallel and sharded stages run in the engine (``worker.local``) only."""
-    for r, replica in enumerate(plan.replicas):
-        for s, stage in enumerate(replica.stages):
-            if stage.tp != 1:
-                raise SpecError(
-                    f"stage has tp={stage.tp}; the Ray runtime places tensor-parallel degree 1 "
-                    "only",
-                    field=f"plan.replicas[{r}].stages[{s}].tp",
-                    fix="re-plan with max_tensor_parallel: 1",
-                )
-            if stage.sharding is not Sharding.NONE:
-                raise SpecError(
-                    f"stage shards {stage.sharding.value}; the Ray runtime runs unsharded stages "
-                    "only",
-                    field=f"plan.replicas[{r}].stages[{s}].sharding",
-                    fix="set sharding: none",
-                )
+    """Raise :class:`SpecError` for plans the Ray runtime cannot place: the same as the engine's
+    (:func:`check_executable`); every rank, tensor-parallel positions included, is one actor."""
+    check_executable(plan)
 
 
 def check_executable(plan: Plan) -> None:
@@ -265,3 +250,56 @@ def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
         bounds.append((start, end))
         start = end
     return bounds
+
+
+def layer_copies(plan: Plan) -> dict[int, tuple[tuple[int, ...], ...]]:
+    """Planner layer -> its complete copies: each a set of ranks that together hold the layer's
+    whole state (parameters and optimizer state), lowest rank first.
+
+    A tensor-parallel stage's ranks are one copy (each holds a slice); the sharded holders of a
+    shard group are one copy (each holds whole parameters but a slice of the optimizer state);
+    any other holder is a copy by itself. A layer survives the loss of some ranks while one of
+    its copies has no lost rank.
+    """
+    by_rank = {s.rank: s for s in ranks_for_plan(plan)}
+    sharded_copy: dict[int, tuple[int, ...]] = {}
+    for group in shard_groups(plan):
+        for layer in group.layers:
+            sharded_copy[layer] = group.sharded
+    out: dict[int, tuple[tuple[int, ...], ...]] = {}
+    for layer, holders in layer_holders(plan).items():
+        copies: set[tuple[int, ...]] = set()
+        for r in holders:
+            shared = sharded_copy.get(layer)
+            copies.add(shared if shared is not None and r in shared else by_rank[r].stage_ranks)
+        out[layer] = tuple(sorted(copies))
+    return out
+
+
+def whole_layers(plan: Plan, rank: int) -> set[int]:
+    """Layers ``rank`` holds whole by itself (tp 1 and not splitting them with a shard group):
+    the layers an actor may keep in place, as they are, across a change of plan."""
+    return {
+        layer for layer, copies in layer_copies(plan).items() for copy in copies if copy == (rank,)
+    }
+
+
+def copy_of(plan: Plan, layer: int, rank: int) -> tuple[int, ...]:
+    """The copy of ``layer`` that ``rank`` is part of (KeyError if it does not hold the layer)."""
+    for copy in layer_copies(plan)[layer]:
+        if rank in copy:
+            return copy
+    raise KeyError(f"rank {rank} holds no copy of planner layer {layer}")
+
+
+def overlaps_grad_reduce(plan: Plan) -> bool:
+    """Whether the plan's gradient all-reduce may overlap the backward (``worker/grad_sync``).
+
+    Not with a tensor-parallel stage (its holders contribute whole-shape buffers cut from
+    slices) nor with a shard group whose holders all shard gradients (reduced slice by slice):
+    both run the blocking reduction, and the choice holds for every rank so that the holders of
+    a group build the same buffers.
+    """
+    if any(stage.tp > 1 for replica in plan.replicas for stage in replica.stages):
+        return False
+    return not any(g.level.shards_gradients and g.all_sharded for g in shard_groups(plan))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import SpecError
+from orchestrator.runtime.placement import slots_for_plan
 from orchestrator.spec.plan import Plan
 from orchestrator.worker import topology
 from orchestrator.worker.schedule import (
@@ -85,7 +86,7 @@ def test_checkpoint_writers_are_lowest_replica_holders() -> None:
     assert topology.checkpoint_writers(SKEWED) == {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1}
 
 
-def test_tensor_parallel_stage_is_refused_with_field() -> None:
+def test_tensor_parallel_stage_is_one_rank_per_position() -> None:
     plan = Plan.model_validate(
         {
             "global_batch_size": 2,
@@ -95,10 +96,10 @@ def test_tensor_parallel_stage_is_refused_with_field() -> None:
             ],
         }
     )
-    # The engine runs it; the Ray runtime's placement refuses it, naming the field.
+    # The engine and the Ray runtime run it: one rank (one actor, one slot) per tp position.
     assert [s.rank for s in topology.ranks_for_plan(plan)] == [0, 1]
-    with pytest.raises(SpecError, match=r"plan.replicas\[0\].stages\[0\].tp"):
-        topology.check_supported(plan)
+    topology.check_supported(plan)
+    assert [(s.rank, s.device_type) for s in slots_for_plan(plan)] == [(0, "A"), (1, "A")]
 
 
 def _plan(replicas: list[dict[str, object]]) -> Plan:
@@ -169,6 +170,55 @@ def test_engine_refuses_sharding_at_tp_and_unexecuted_full() -> None:
         topology.check_executable(full)
     with pytest.raises(SpecError, match="sharding"):
         topology.check_supported(full)
+
+
+def test_layer_copies_of_tensor_parallel_and_sharded_holders() -> None:
+    # replica 0: tp-2 stage then a tp-1 stage; replicas 1 and 2: whole models, sharded together;
+    # replica 3: a whole unsharded model.
+    plan = _plan(
+        [
+            {
+                "batch_size": 2,
+                "stages": [
+                    {"layers": [0, 2], "device_type": "A", "tp": 2},
+                    {"layers": [2, 4], "device_type": "A"},
+                ],
+            },
+            {
+                "batch_size": 2,
+                "stages": [{"layers": [0, 4], "device_type": "A", "sharding": "optimizer"}],
+            },
+            {
+                "batch_size": 1,
+                "stages": [{"layers": [0, 4], "device_type": "A", "sharding": "optimizer"}],
+            },
+            {"batch_size": 1, "stages": [{"layers": [0, 4], "device_type": "A"}]},
+        ]
+    )
+    copies = topology.layer_copies(plan)
+    assert copies[0] == ((0, 1), (3, 4), (5,))
+    assert copies[3] == ((2,), (3, 4), (5,))
+    # Only rank 2 (tp 1, unsharded) and rank 5 hold layers whole by themselves.
+    assert topology.whole_layers(plan, 2) == {2, 3}
+    assert topology.whole_layers(plan, 5) == {0, 1, 2, 3}
+    assert topology.whole_layers(plan, 0) == topology.whole_layers(plan, 3) == set()
+    assert topology.copy_of(plan, 1, 4) == (3, 4)
+    with pytest.raises(KeyError):
+        topology.copy_of(plan, 3, 0)
+
+
+def test_a_lone_sharded_holder_keeps_its_layers_whole() -> None:
+    plan = _plan(
+        [
+            {
+                "batch_size": 1,
+                "stages": [{"layers": [0, 4], "device_type": "A", "sharding": "gradients"}],
+            },
+            {"batch_size": 1, "stages": [{"layers": [0, 4], "device_type": "A"}]},
+        ]
+    )
+    assert topology.layer_copies(plan)[0] == ((0,), (1,))
+    assert topology.whole_layers(plan, 0) == {0, 1, 2, 3}
 
 
 def test_microbatch_sizes_keep_every_sample() -> None:

@@ -28,10 +28,10 @@ from orchestrator.control.ports import CheckpointStore, WorkerLost
 from orchestrator.control.recovery import LayerState, RestoreKind, RestoreSource
 from orchestrator.runtime.actor import WorkerJob
 from orchestrator.runtime.elastic.survivors import ElasticWorkerGroup, ReformReport
-from orchestrator.runtime.group import GroupOptions, WorkerInfo
+from orchestrator.runtime.group import GroupOptions, WorkerInfo, whole_states
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import StepReport
-from orchestrator.worker.topology import layer_holders
+from orchestrator.worker.topology import copy_of, layer_copies, ranks_for_plan
 
 log = logging.getLogger(__name__)
 
@@ -126,29 +126,36 @@ class RayWorkerGroupPort:
         return report
 
     def layer_holders(self) -> Mapping[int, tuple[int, ...]]:
+        """Layer -> the lowest rank of each copy of it whose ranks all live.
+
+        A tensor-parallel stage or a shard group's sharded holders hold a layer only together
+        (``topology.layer_copies``): one lost rank loses that copy for every rank in it, so the
+        controller restores the layer from another copy, or from the checkpoint.
+        """
         if self._plan is None:
             return {}
         return {
-            layer: tuple(r for r in ranks if r not in self._dead_ranks)
-            for layer, ranks in layer_holders(self._plan).items()
+            layer: tuple(c[0] for c in copies if not set(c) & self._dead_ranks)
+            for layer, copies in layer_copies(self._plan).items()
         }
 
     def placement(self) -> Mapping[int, str]:
         return dict(self._rank_node)
 
     def fetch_layer_states(self, sources: Mapping[int, int]) -> dict[int, LayerState]:
-        """Each layer from the given rank, as of the last committed step."""
+        """Each layer's whole state from the copy the given rank belongs to, as of the last
+        committed step (the parts of a tensor-parallel stage or shard group joined)."""
         group = self._require_group()
-        by_rank: dict[int, list[int]] = {}
-        for layer, rank in sorted(sources.items()):
-            by_rank.setdefault(rank, []).append(layer)
+        assert self._plan is not None
+        chosen = {layer: copy_of(self._plan, layer, rank) for layer, rank in sources.items()}
         committed = self._committed_steps
-        refs = {r: group._actors[r].get_layer_states.remote(committed) for r in by_rank}
+        ranks = sorted({r for copy in chosen.values() for r in copy})
+        refs = {r: group._actors[r].get_layer_states.remote(committed) for r in ranks}
         try:
             got = group._gather("fetch layer states", refs, self.options.step_timeout_s)
         except WorkerLost as exc:
             raise self._lost(exc) from None
-        return {layer: got[r][layer] for r, layers in by_rank.items() for layer in layers}
+        return dict(whole_states(got, chosen))
 
     def stop(self) -> None:
         group, self._group = self._group, None
@@ -195,8 +202,7 @@ def _check_pins_alive(plan: Plan) -> dict[int, str]:
     import ray
 
     alive = {str(row["NodeID"]) for row in ray.nodes() if row.get("Alive", False)}
-    ranked = plan.ranked_stages()
-    pins = {rank: st.node for rank, (_, _, st) in enumerate(ranked) if st.node is not None}
+    pins = {s.rank: s.node for s in ranks_for_plan(plan) if s.node is not None}
     missing = {r: n for r, n in pins.items() if n not in alive}
     if missing:
         raise WorkerLost(missing, set(missing.values()), "planned node is gone")

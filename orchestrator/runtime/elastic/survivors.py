@@ -34,6 +34,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.control.ports import WorkerLost
 from orchestrator.runtime.discovery import discover_nodes, emulated_reference_speed, slowdown_factor
 from orchestrator.runtime.elastic.worker import ElasticWorkerActor
 from orchestrator.runtime.group import WorkerGroup, WorkerInfo
@@ -46,7 +47,13 @@ from orchestrator.runtime.placement import (
 )
 from orchestrator.runtime.validation import validate_model_for_plan, validate_plan_for_cluster
 from orchestrator.spec.plan import Plan
-from orchestrator.worker.topology import RankSpec, ranks_for_plan
+from orchestrator.worker.topology import (
+    RankSpec,
+    layer_copies,
+    ranks_for_plan,
+    shard_groups,
+    whole_layers,
+)
 
 # How long a survivor's step blocked on a dead peer may take to fail before the survivor is dropped.
 INFLIGHT_GRACE_S = 10.0
@@ -147,8 +154,22 @@ class ElasticWorkerGroup(WorkerGroup):
         self._nodes = discover_nodes()
         validate_plan_for_cluster(plan, self._nodes, num_planner_layers)
         alive = self._survivors(dead_ranks)
-        old_ranks = self.ranks
-        held = {r: set(old_ranks[r].layer_indices) for r in alive}
+        if keep_state:
+            # A shard group's update ends in collectives among its sharded holders, so the
+            # survivors settle the committed update together, before anything moves; a holder
+            # whose shard group lost a rank cannot, and its state is not used.
+            broken = _broken_shard_holders(self.plan, alive)
+            settle = {r: self._actors[r].settle.remote(committed_steps) for r in alive - broken}
+            self._gather("settle the committed update", settle, self.options.step_timeout_s)
+            alive -= broken
+        # What each survivor may keep in place: the layers it holds whole by itself.
+        held = {r: whole_layers(self.plan, r) for r in alive}
+        copies = _live_copies(self.plan, alive)
+        lost = sorted(layer for layer, options in copies.items() if not options)
+        if keep_state and lost:  # checked before anything is placed or moved
+            raise WorkerLost(
+                tuple(sorted(dead_ranks)), (), f"planner layers {lost} have no live copy"
+            )
         new_ranks = ranks_for_plan(plan)
         requests = bundle_requests(slots_for_plan(plan), self._nodes)
         chosen = _assign(new_ranks, requests, self._nodes, alive, self.workers, held)
@@ -186,20 +207,19 @@ class ElasticWorkerGroup(WorkerGroup):
         layers_moved = layers_kept = 0
         exports: list[Any] = []
         if keep_state:
-            holders: dict[int, list[int]] = {}
-            for old in sorted(alive):
-                for layer in held[old]:
-                    holders.setdefault(layer, []).append(old)
             for spec in new_ranks:
                 keep[spec.rank] = True
-                own = held.get(chosen.get(spec.rank, -1), set())
+                # An actor keeps only layers it holds whole, and only at tp 1 (a tensor-parallel
+                # rank re-cuts every layer it holds from the whole state).
+                own = held.get(chosen.get(spec.rank, -1), set()) if spec.tp == 1 else set()
                 need: dict[int, list[int]] = {}
                 for layer in spec.layer_indices:
                     if layer in own:
                         layers_kept += 1
                         continue
-                    source = holders[layer][spec.rank % len(holders[layer])]  # spread the load
-                    need.setdefault(source, []).append(layer)
+                    options = copies[layer]
+                    for source in options[spec.rank % len(options)]:  # spread the load
+                        need.setdefault(source, []).append(layer)
                     layers_moved += 1
                 for source, layers in sorted(need.items()):
                     ref = self._actors[source].export_layers.remote(committed_steps, layers)
@@ -218,7 +238,8 @@ class ElasticWorkerGroup(WorkerGroup):
         self.workers = [w for w in workers if w is not None]
         self._pgs = [p for p in pgs if p is not None]
         self.plan, self.ranks = plan, new_ranks
-        infos = self._join(plan_json, keep, incoming, committed_steps)
+        # Settled above, or (from the checkpoint) not needed: every pending update is dropped.
+        infos = self._join(plan_json, keep, incoming, committed_steps if keep_state else 0)
         self.next_step = start_step
         self.last_reform = ReformReport(
             bytes_moved=sum(int(i["bytes_in"]) for i in infos.values()),
@@ -326,6 +347,24 @@ def _assign(
         out[spec.rank] = best
         free.discard(best)
     return out
+
+
+def _broken_shard_holders(plan: Plan, alive: set[int]) -> set[int]:
+    """Live sharded holders of a shard group that lost a sharded holder."""
+    out: set[int] = set()
+    for group in shard_groups(plan):
+        members = set(group.sharded)
+        if members - alive:
+            out |= members & alive
+    return out
+
+
+def _live_copies(plan: Plan, alive: set[int]) -> dict[int, list[tuple[int, ...]]]:
+    """Planner layer -> the copies of it (``topology.layer_copies``) whose ranks all survive."""
+    return {
+        layer: [c for c in copies if set(c) <= alive]
+        for layer, copies in layer_copies(plan).items()
+    }
 
 
 def _remove(placed: PlacedGroup) -> None:

@@ -67,9 +67,24 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         return dict(self._engine.get_layer_states())
 
     def export_layers(self, committed_steps: int, layers: list[int]) -> dict[int, dict[str, Any]]:
-        """``layers`` of this rank after ``committed_steps`` steps, for a peer to adopt."""
+        """``layers`` of this rank after ``committed_steps`` steps, for a peer to adopt.
+
+        Layers this rank holds whole go as they are; a tensor-parallel slice or a shard group's
+        slice goes in the engine's part form (``get_layer_states``; a shard group's every layer
+        with it, as its slices cut their joint state), for the receiver to join with the other
+        parts of the copy.
+        """
         self._settle(committed_steps)
         e = self._engine
+        parted = e.spec.tp > 1 or (e.sharding is not None and bool(set(layers) & e.sharding.layers))
+        if parted:
+            states = e.get_layer_states()
+            wanted = set(layers)
+            if e.sharding is not None:
+                for g in e.sharding.groups:
+                    if wanted & set(g.group.layers):
+                        wanted |= set(g.group.layers)
+            return {i: states[i] for i in sorted(wanted)}
         return {
             i: {"params": e.layers[i].state_dict(), "optimizer": e.optimizers[i].state_dict()}
             for i in layers
@@ -103,21 +118,34 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         emulated = self._emulated_slowdown is not None and not real_gpu
         slowdown = self._emulated_slowdown if emulated and self._emulated_slowdown else 1.0
         new = StageEngine(engine_config(self._job, plan_json, rank, slowdown))
-        moved: dict[int, dict[str, Any]] = {}
+        parts: dict[int, list[dict[str, Any]]] = {}
         for part in ray.get(list(incoming)):
-            moved.update(part)
+            for i, state in part.items():
+                parts.setdefault(i, []).append(state)
+        moved = _join_parts(parts)
+        # Kept in place only what both engines hold whole at tp 1: a tensor-parallel slice or a
+        # sharded optimizer slice is not a layer the new engine could adopt as it is.
+        whole_before = set() if old is None else _whole_layers(old)
         kept = []
+        late: dict[int, dict[str, Any]] = {}
         for i in list(new.layers):
-            if i in moved:
+            if i in moved and new.spec.tp > 1:
+                late[i] = moved[i]  # cut for this tp position once the layer is split (setup)
+            elif i in moved:
                 new.layers[i].load_state_dict(moved[i]["params"])
                 new.optimizers[i].load_state_dict(_clone(moved[i]["optimizer"]))
-            elif keep and old is not None and i in old.layers:
+            elif keep and old is not None and i in whole_before and new.spec.tp == 1:
                 new.layers[i], new.optimizers[i] = old.layers[i], old.optimizers[i]
                 kept.append(i)
             elif keep:
                 raise RuntimeError(f"rank {rank}: layer {i} neither kept nor sent")
         address, port, world_size, timeout_s = rendezvous
         new.setup(address, port, world_size, timeout_s)
+        if late:
+            from orchestrator.worker.tensor_parallel import load_local
+
+            for i, state in late.items():
+                load_local(new.layers[i], new.optimizers[i], state, new.spec)
         self._engine = new
         return {
             "rank": rank,
@@ -128,6 +156,11 @@ class ElasticWorker(_Base):  # type: ignore[misc]
             "bytes_in": _nbytes(moved),
             "pid": os.getpid(),
         }
+
+    def settle(self, committed_steps: int) -> None:
+        """Apply the pending update if its step is committed, else drop it (a shard group's
+        holders settle together: its update ends in collectives among them)."""
+        self._settle(committed_steps)
 
     def pending_step(self) -> int | None:
         """The step whose update is reduced but not yet applied (tests read it)."""
@@ -142,6 +175,30 @@ class ElasticWorker(_Base):  # type: ignore[misc]
             if committed_steps is None or pending < committed_steps:
                 self._engine.apply_update()
             # else: the step did not commit everywhere; its gradients are zeroed next step
+
+
+def _whole_layers(engine: Any) -> set[int]:
+    """Layers the engine holds whole, with their own optimizer (tp 1, not sharded)."""
+    if engine.spec.tp > 1:
+        return set()
+    sharded = engine.sharding.layers if engine.sharding is not None else set()
+    return {i for i in engine.layers if i in engine.optimizers and i not in sharded}
+
+
+def _join_parts(parts: dict[int, list[dict[str, Any]]]) -> dict[int, dict[str, Any]]:
+    """Layer -> whole state from the parts peers sent (one whole state, or the slices of a
+    tensor-parallel stage or shard group, joined)."""
+    from orchestrator.worker.sharding import ZERO_KEY, merge_sharded_states
+    from orchestrator.worker.tensor_parallel import SHARD_KEY
+
+    chosen: dict[int, list[dict[str, Any]]] = {}
+    for i, got in parts.items():
+        # A shard group's exporters send every layer of the group: where a layer also came
+        # whole (or as another copy's slices), one form is used, the sharded slices first.
+        zero = [p for p in got if ZERO_KEY in p]
+        sliced = [p for p in got if SHARD_KEY in p]
+        chosen[i] = zero or sliced or got[:1]
+    return {i: dict(state) for i, state in merge_sharded_states(chosen).items()}
 
 
 def _nbytes(obj: Any) -> int:
