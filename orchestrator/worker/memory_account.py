@@ -39,8 +39,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
-    storage = t.untyped_storage()
-    return storage.data_ptr(), storage.nbytes()
+    """(data pointer, bytes) of ``t``'s storage; a DTensor's local shard's. Wrapper tensors whose
+    own storage is not real memory (their data lives in inner tensors) count as 0 bytes."""
+    t = _local(t)
+    try:
+        storage = t.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return id(t), 0
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor | None], seen: set[int] | None = None) -> int:
