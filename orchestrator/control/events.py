@@ -36,6 +36,7 @@ class PlanReason(StrEnum):
     FAILURE = "failure"
     JOIN = "join"
     STRAGGLER = "straggler"
+    SPEEDUP = "speedup"  # a node planned as slow measured faster again
     PREEMPTION = "preemption"
 
 
@@ -50,6 +51,7 @@ class EventKind(StrEnum):
     NODE_LOST = "node_lost"
     CHECKPOINT = "checkpoint"
     STRAGGLER = "straggler"
+    SPEEDUP = "speedup"
     FINISHED = "finished"
     FAILED = "failed"
 

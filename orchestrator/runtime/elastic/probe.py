@@ -185,3 +185,18 @@ def _resolve(name: str, by_name: Mapping[str, set[str]]) -> str | None:
             return prefixed[0]
     named = [i for i, names in by_name.items() if name in names]
     return named[0] if len(named) == 1 else None
+
+
+def resolve_node(name: str, rows: Rows = ray_rows) -> str:
+    """The id of the alive node ``name`` names (as node events name nodes); a name that fits no
+    alive node, or several, is refused naming the fix."""
+    alive = [row for row in rows() if row.get("Alive", False)]
+    node_id = _resolve(name, _names_by_node_id(alive))
+    if node_id is None:
+        raise SpecError(
+            f"{name!r} names no single alive Ray node",
+            field="node",
+            fix="name a node by its Ray node id (or a unique prefix of 8 or more characters), "
+            "host name or orchestrator.io/node-name label",
+        )
+    return node_id

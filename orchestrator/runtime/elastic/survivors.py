@@ -80,6 +80,8 @@ class ElasticWorkerGroup(WorkerGroup):
         super().__init__(*args, **kwargs)
         self._pgs: list[PlacedGroup] = []
         self.last_reform: ReformReport | None = None
+        # Emulated extra slowdown by Ray node id (set_throttle); actors built later get it too.
+        self.throttle_by_node: dict[str, float] = {}
 
     # -- launching ------------------------------------------------------------
 
@@ -224,6 +226,19 @@ class ElasticWorkerGroup(WorkerGroup):
         )
         return self.last_reform
 
+    def set_throttle(self, node_id: str, factor: float, timeout_s: float = 10.0) -> list[int]:
+        """Make the actors on ``node_id`` run ``factor`` times slower than its labelled speed
+        (emulation only; 1.0 undoes it); actors placed there later start so. The ranks told."""
+        if factor == 1.0:
+            self.throttle_by_node.pop(node_id, None)
+        else:
+            self.throttle_by_node[node_id] = factor
+        pairs = list(zip(self._actors, self.workers, strict=False))  # a copy: reform may swap
+        refs = {w.rank: a.set_throttle.remote(factor) for a, w in pairs if w.node_id == node_id}
+        # Not _gather: this runs beside the controller's thread and must not judge failures.
+        ray.get(list(refs.values()), timeout=timeout_s)
+        return sorted(refs)
+
     # -- helpers -----------------------------------------------------------------------------
 
     def _survivors(self, dead_ranks: set[int]) -> set[int]:
@@ -273,8 +288,11 @@ class ElasticWorkerGroup(WorkerGroup):
         timeout_s = self.options.rendezvous_timeout_s
         where = self._gather("start", {0: self._actors[0].where.remote()}, timeout_s)[0]
         world = (where["address"], where["port"], len(self._actors), timeout_s)
+        throttle = [self.throttle_by_node.get(w.node_id, 1.0) for w in self.workers]
         refs = {
-            r: a.reform.remote(plan_json, r, world, committed_steps, keep[r], incoming[r])
+            r: a.reform.remote(
+                plan_json, r, world, committed_steps, keep[r], incoming[r], throttle[r]
+            )
             for r, a in enumerate(self._actors)
         }
         infos = self._gather("rendezvous", refs, timeout_s + 30.0)
