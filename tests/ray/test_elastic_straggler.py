@@ -55,9 +55,10 @@ class _Follow:
                     self.events.append(u)
             if predicate():
                 return
-            assert not self.handle.wait(0.3), "the run ended before the condition held"
-        kinds = [str(e.kind) for e in self.events][-12:]
-        raise AssertionError(f"not reached in {limit_s:.0f} s; last events {kinds}")
+            if self.handle.wait(0.3):
+                break
+        seen = [f"{e.kind}: {e.message}" for e in self.events][-10:]
+        raise AssertionError(f"not reached in {limit_s:.0f} s (or the run ended); events {seen}")
 
     def of_kind(self, kind: str) -> list[RunEvent]:
         return [e for e in self.events if e.kind == kind]
@@ -73,7 +74,7 @@ def test_a_throttled_node_gets_less_work_and_gets_it_back_when_it_cools_down(
     # T4 would compute this tiny model in microseconds, so no split of the batch would matter.
     job = tiny_job_spec(
         "elastic-straggler",
-        400,  # ended by the test once it has seen both changes
+        2000,  # ended by the test once it has seen both changes
         elasticity={"switch_threshold": 0.0, "straggler_window_steps": 3},
         profiles=str(tmp_path / "profiles"),
     )
@@ -100,7 +101,11 @@ def test_a_throttled_node_gets_less_work_and_gets_it_back_when_it_cools_down(
         assert f.plans[1].reason == "straggler"
         throttled = f.plans[1].plan
         assert _samples_on(throttled, slow) < _samples_on(first, slow)
-        assert f.of_kind("speedup") == []
+        # The node stays throttled for a while under the new plan (its speed there is measured
+        # over the first window after the launch), then cools down.
+        at = len(f.steps)
+        f.until(lambda: len(f.steps) >= at + 8, 120.0)
+        assert f.of_kind("speedup") == [] and len(f.plans) == 2  # no flapping while slow
 
         ray.get(handle.actor.emulate_slowdown.remote(slow, 1.0))
         f.until(lambda: len(f.plans) >= 3, 180.0)
