@@ -162,6 +162,13 @@ class RayWorkerGroupPort:
         except Exception as exc:  # the actors or their nodes may be gone already
             log.warning("stopping the worker group: %s", exc)
 
+    def abandon_on(self, node_id: str, posted_at_s: float) -> None:
+        """A posted event reports ``node_id`` lost: a step in flight with a rank there is
+        abandoned at once (never committed) and the controller recovers as from any loss."""
+        group = self._group
+        if group is not None:
+            group.abandon_on(node_id, posted_at_s)
+
     def set_throttle(self, node_id: str, factor: float) -> list[int]:
         """Emulate a change of speed on a running node: its workers run ``factor`` times slower
         than its labelled speed (1.0: back to it), now and after any change of plan. Emulation

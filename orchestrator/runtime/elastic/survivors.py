@@ -26,6 +26,7 @@ The figures of the last reform (bytes moved, layers kept, actors kept / started)
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.control.ports import WorkerLost
 from orchestrator.runtime.discovery import discover_nodes, emulated_reference_speed, slowdown_factor
 from orchestrator.runtime.elastic.worker import ElasticWorkerActor
 from orchestrator.runtime.group import WorkerGroup, WorkerInfo
@@ -46,10 +48,13 @@ from orchestrator.runtime.placement import (
 )
 from orchestrator.runtime.validation import validate_model_for_plan, validate_plan_for_cluster
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StepReport
 from orchestrator.worker.topology import RankSpec, ranks_for_plan
 
 # How long a survivor's step blocked on a dead peer may take to fail before the survivor is dropped.
 INFLIGHT_GRACE_S = 10.0
+# How often a step in flight looks for node events posted meanwhile (the bound on reacting).
+POSTED_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,12 @@ class ElasticWorkerGroup(WorkerGroup):
         self.last_reform: ReformReport | None = None
         # Emulated extra slowdown by Ray node id (set_throttle); actors built later get it too.
         self.throttle_by_node: dict[str, float] = {}
+        # Nodes a posted event called lost (node id -> wall time it was posted): a step in
+        # flight with a rank there is abandoned at once (see step()).
+        self._posted_lost: dict[str, float] = {}
+        self._posted_lock = threading.Lock()
+        self.last_abandon: tuple[str, float] | None = None  # (node, event -> abandon seconds)
+        self._formed_at_s = 0.0  # wall time the current plan's group was formed
 
     # -- launching ------------------------------------------------------------
 
@@ -226,6 +237,58 @@ class ElasticWorkerGroup(WorkerGroup):
         )
         return self.last_reform
 
+    def abandon_on(self, node_id: str, posted_at_s: float) -> None:
+        """A posted event says ``node_id`` is lost: the step in flight (and any later one) with
+        a rank there is abandoned within a poll period (thread-safe; called beside the
+        controller's thread)."""
+        with self._posted_lock:
+            self._posted_lost[node_id] = posted_at_s
+
+    def step(self) -> StepReport:
+        """Run step ``next_step`` on every rank; abandon it (``WorkerLost``, never committed)
+        as soon as a posted event names a node of one of its ranks lost."""
+        assert self.plan is not None, "step() before launch()"
+        step = self.next_step
+        self._check_posted(f"step {step}")
+        started = time.perf_counter()
+        refs = {r: a.train_step.remote(step) for r, a in enumerate(self._actors)}
+        self._inflight = dict(refs)
+        pending = {ref: r for r, ref in refs.items()}
+        deadline = time.monotonic() + self.options.step_timeout_s
+        while pending and time.monotonic() < deadline:
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POSTED_POLL_S)
+            for ref in ready:
+                pending.pop(ref)
+            if pending:
+                self._check_posted(f"step {step}")
+        # Gather as the base group does (failures judged there, timeout included).
+        results = self._gather(f"step {step}", refs, max(0.0, deadline - time.monotonic()))
+        self._inflight = {}
+        self.next_step = step + 1
+        return self._report(step, results, time.perf_counter() - started)
+
+    def _check_posted(self, phase: str) -> None:
+        with self._posted_lock:
+            posted = dict(self._posted_lost)
+        if not posted:
+            return
+        # A loss posted before this plan was formed was seen by the controller already: a plan
+        # formed after it that still uses the node means the node was cleared since.
+        posted = {n: t for n, t in posted.items() if t >= self._formed_at_s}
+        nodes = {w.node_id for w in self.workers} & set(posted)
+        if not nodes:
+            return
+        ranks = tuple(w.rank for w in self.workers if w.node_id in nodes)
+        node = sorted(nodes)[0]
+        after_s = time.time() - posted[node]
+        self.last_abandon = (node, after_s)
+        with self._posted_lock:
+            for n in nodes:
+                self._posted_lost.pop(n, None)
+        raise WorkerLost(
+            ranks, nodes, f"{phase} abandoned {after_s:.3f} s after a node event reported it lost"
+        )
+
     def set_throttle(self, node_id: str, factor: float, timeout_s: float = 10.0) -> list[int]:
         """Make the actors on ``node_id`` run ``factor`` times slower than its labelled speed
         (emulation only; 1.0 undoes it); actors placed there later start so. The ranks told."""
@@ -285,6 +348,7 @@ class ElasticWorkerGroup(WorkerGroup):
         committed_steps: int,
     ) -> dict[int, dict[str, Any]]:
         """Every actor (re)builds its engine for its rank and joins a new rendezvous."""
+        self._formed_at_s = time.time()
         timeout_s = self.options.rendezvous_timeout_s
         where = self._gather("start", {0: self._actors[0].where.remote()}, timeout_s)[0]
         world = (where["address"], where["port"], len(self._actors), timeout_s)
