@@ -118,6 +118,12 @@ def run_straggler(
         "samples_per_s_throttled": f.rate(throttled_at_s, replanned.time_s),
         "samples_per_s_new_plan": f.rate(replanned.time_s, cooled_at_s),
         "samples_per_s_expected": global_batch / (replanned.predicted_step_s * calibration),
+        "switch_rule": (
+            f"current {replan.data['current_step_s']:.3f} s/step, expected "
+            f"{replan.data['expected_new_step_s']:.3f} (calibration {calibration:.2f})"
+            if replan is not None
+            else "n/a"
+        ),
         "node_samples": f"{_samples_on(f.plans[0].plan, node)} -> "
         f"{_samples_on(replanned.plan, node)}",
     }

@@ -223,7 +223,7 @@ def report_straggler(r: dict[str, Any]) -> None:
     log(
         f"  samples/s before {_fmt(r['samples_per_s_before'])}, throttled "
         f"{_fmt(r['samples_per_s_throttled'])}, new plan {_fmt(r['samples_per_s_new_plan'])} "
-        f"(expected {_fmt(r['samples_per_s_expected'])})"
+        f"(expected {_fmt(r['samples_per_s_expected'])}); switch rule: {r['switch_rule']}"
     )
     log(
         f"  cooled down: speed-up seen in {_fmt(r.get('cool_detect_s'))} s, work given back "

@@ -108,6 +108,13 @@ class Stretcher:
         if self.factor == 1.0:  # real speed: what the clock saw
             self.compute_s += wall_s
             return result
+        if self.base_factor == 1.0:
+            # A full-speed node throttled: what it took, stretched. (Its CPU time would be a
+            # different clock from the wall time its unthrottled steps were measured by.)
+            emulated_s = self.factor * wall_s
+            time.sleep(emulated_s - wall_s)
+            self.compute_s += emulated_s
+            return result
         cpu_s = time.thread_time() - cpu_start
         if key is not None:
             cpu_s = min(cpu_s, self._reference_cpu_s.get(key, cpu_s))
@@ -123,7 +130,9 @@ class Stretcher:
         work on (1.0: the labelled speed again).
 
         Stands in for a device whose speed changes while it runs (thermal throttling, a noisy
-        neighbour). Emulation only: the worker refuses it where a real GPU is present.
+        neighbour). On a node at full speed (factor 1.0, timed by the wall clock) the work's
+        own wall time is stretched; on a slower emulated node, its emulated time. Emulation
+        only: the worker refuses it where a real GPU is present.
         """
         if not multiplier >= 1.0:
             raise SpecError(

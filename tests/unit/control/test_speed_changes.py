@@ -38,11 +38,15 @@ def test_a_throttle_stretches_later_work_on_top_of_the_labelled_speed():
     assert stretcher.factor == pytest.approx(2.0)
 
 
-def test_a_throttle_on_a_full_speed_node_turns_emulation_on_and_off():
+def test_a_throttle_on_a_full_speed_node_stretches_its_wall_time():
     stretcher = Stretcher(1.0)
     assert not stretcher.emulated
     stretcher.throttle(2.5)
     assert stretcher.emulated
+    started = time.perf_counter()
+    stretcher.run(lambda: time.sleep(0.02))  # waiting, not computing: wall time counts here
+    took_s = time.perf_counter() - started
+    assert stretcher.compute_s >= 2.5 * 0.02 and took_s >= 2.5 * 0.02
     stretcher.throttle(1.0)
     assert not stretcher.emulated
 
