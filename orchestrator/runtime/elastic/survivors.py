@@ -255,11 +255,16 @@ class ElasticWorkerGroup(WorkerGroup):
         self._inflight = dict(refs)
         pending = {ref: r for r, ref in refs.items()}
         deadline = time.monotonic() + self.options.step_timeout_s
-        while pending and time.monotonic() < deadline:
+        failed = False
+        while pending and not failed and time.monotonic() < deadline:
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POSTED_POLL_S)
             for ref in ready:
                 pending.pop(ref)
-            if pending:
+                try:
+                    ray.get(ref, timeout=0)
+                except Exception:  # a failed rank: judged at once below, as the base group does
+                    failed = True
+            if pending and not failed:
                 self._check_posted(f"step {step}")
         # Gather as the base group does (failures judged there, timeout included).
         results = self._gather(f"step {step}", refs, max(0.0, deadline - time.monotonic()))
