@@ -22,7 +22,15 @@ first step <= 2 s, join -> first step of the new plan <= 2 s, 0 steps lost when 
 state; the state each change of plan moved is printed (surviving actors keep theirs). Nothing
 passes or fails; the figures go to docs/benchmarks.md.
 
+A third part, ours only (Ray Train has no notion of a slow worker): on a fresh cluster of the
+same nodes, one worker's node is throttled ``--straggler-factor`` times slower mid-run (the
+controller actor's ``emulate_slowdown``: emulated, standing in for thermal throttling), then
+cooled down (``bench/_straggler_side.py``): time to detect, to the first step of the new plan,
+throughput before / throttled / under the new plan (and the new plan's expected figure), and the
+same for the plan that gives the node its work back.
+
 Run: .venv/bin/python bench/recovery.py [--nodes 3] [--skip-tuned] [--ours-only]
+     .venv/bin/python bench/recovery.py --straggler-only   (the straggler part alone)
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _ours_side import run_ours
 from _raytrain_side import run_raytrain
+from _straggler_side import run_straggler
 
 from orchestrator.demo.cluster import LocalCluster, NodeKind
 from orchestrator.demo.output import ray_output_to
@@ -100,7 +109,9 @@ def raytrain_config() -> dict[str, Any]:
     }
 
 
-def ours(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def _profiled_cluster(args: argparse.Namespace, work: Path) -> tuple[LocalCluster, Path]:
+    """A fresh cluster of ``--nodes`` nodes, this process connected, the job's profiles measured
+    on it; the job file."""
     import ray
 
     from orchestrator.runtime.discovery import discover_nodes
@@ -113,20 +124,45 @@ def ours(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     job_file.write_text(json.dumps(job_spec(args.checkpoint_interval)))
     job = JobSpec.model_validate(job_spec(args.checkpoint_interval))
     cluster = LocalCluster()
+    cluster.start([KIND] * args.nodes)
+    ray.init(address=cluster.address, log_to_driver=False)
+    profile_device_types(
+        worker_job(job, job_file), discover_nodes(), [8], work / "profiles",
+        work / "profile-cache", out=lambda s: None,
+    )  # fmt: skip
+    return cluster, job_file
+
+
+def straggler(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import ray
+
+    cluster: LocalCluster | None = None
     try:
-        cluster.start([KIND] * args.nodes)
-        ray.init(address=cluster.address, log_to_driver=False)
-        profile_device_types(
-            worker_job(job, job_file), discover_nodes(), [8], work / "profiles",
-            work / "profile-cache", out=lambda s: None,
+        cluster, job_file = _profiled_cluster(args, work)
+        return run_straggler(
+            job_file, factor=args.straggler_factor, steady_steps=12,
+            global_batch=GLOBAL_BATCH, limit_s=LIMIT_S, log=log,
         )  # fmt: skip
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+
+
+def ours(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import ray
+
+    cluster: LocalCluster | None = None
+    try:
+        cluster, job_file = _profiled_cluster(args, work)
         return run_ours(
             cluster, job_file, crash_at_step=args.crash_at,
             steps_before_join=args.steps_before_join, join_kind=KIND, limit_s=LIMIT_S, log=log,
         )  # fmt: skip
     finally:
         ray.shutdown()
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
 
 
 def raytrain(args: argparse.Namespace, work: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -174,6 +210,29 @@ def report(results: dict[str, dict[str, Any]]) -> None:
         log(f"join -> first step of the new plan, ours: {join:.1f} s  (target <= 2 s)")
 
 
+def report_straggler(r: dict[str, Any]) -> None:
+    log("")
+    if "error" in r:
+        log(f"straggler (ours): {r['error']} {r.get('events', '')}")
+        return
+    log(
+        f"straggler (ours, emulated x{r['factor']:g} throttle): detected in "
+        f"{_fmt(r['detect_s'])} s (measured {_fmt(r['measured_slowdown'], '.2f')}x), first step "
+        f"of the new plan {_fmt(r['throttle_to_new_plan_s'])} s after the throttle"
+    )
+    log(
+        f"  samples/s before {_fmt(r['samples_per_s_before'])}, throttled "
+        f"{_fmt(r['samples_per_s_throttled'])}, new plan {_fmt(r['samples_per_s_new_plan'])} "
+        f"(expected {_fmt(r['samples_per_s_expected'])}); switch rule: {r['switch_rule']}"
+    )
+    log(
+        f"  cooled down: speed-up seen in {_fmt(r.get('cool_detect_s'))} s, work given back "
+        f"(first step) {_fmt(r.get('cool_to_new_plan_s'))} s after, samples/s "
+        f"{_fmt(r.get('samples_per_s_given_back'))}; the node's samples per step "
+        f"{r['node_samples']}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="crash and join: ours against Ray Train v2")
     parser.add_argument("--nodes", type=int, default=3, help="one-CPU nodes at the start")
@@ -184,6 +243,11 @@ def main() -> None:
     parser.add_argument(
         "--ours-only", action="store_true", help="skip Ray Train (its figures are recorded)"
     )
+    parser.add_argument("--straggler-factor", type=float, default=3.0)
+    parser.add_argument("--skip-straggler", action="store_true", help="crash and join only")
+    parser.add_argument(
+        "--straggler-only", action="store_true", help="only the throttled-node part (ours)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     started = time.time()
@@ -192,6 +256,14 @@ def main() -> None:
         results: dict[str, dict[str, Any]] = {}
         # Ray's driver messages (a crashed raylet's last lines) go to a log, not the figures.
         with ray_output_to(work / "ray-driver.log"):
+            if not args.skip_straggler:
+                log(f"straggler: {args.nodes} x {KIND.device_type} nodes (one CPU each)")
+                results["straggler"] = straggler(args, work / "straggler")
+            if args.straggler_only:
+                report_straggler(results["straggler"])
+                if args.json:
+                    args.json.write_text(json.dumps(results, indent=2, default=str))
+                return
             log(f"ours: {args.nodes} x {KIND.device_type} nodes (one CPU each)")
             results["ours"] = ours(args, work / "ours")
             if not args.ours_only:
@@ -202,7 +274,10 @@ def main() -> None:
                 results["Ray Train v2 (start timeout 10 s)"] = raytrain(
                     args, work / "rt-tuned", {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
                 )
+    straggled = results.pop("straggler", None)
     report(results)
+    if straggled is not None:
+        report_straggler(straggled)
     log(f"(all on one machine, emulated nodes; {time.time() - started:.0f} s in all)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))

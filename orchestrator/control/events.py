@@ -36,6 +36,7 @@ class PlanReason(StrEnum):
     FAILURE = "failure"
     JOIN = "join"
     STRAGGLER = "straggler"
+    SPEEDUP = "speedup"  # a node planned as slow measured faster again
     PREEMPTION = "preemption"
 
 
@@ -51,6 +52,7 @@ class EventKind(StrEnum):
     CHECKPOINT = "checkpoint"
     STRAGGLER = "straggler"
     STEP_SKIPPED = "step_skipped"  # fp16 overflow: the update was dropped, the step runs again
+    SPEEDUP = "speedup"
     FINISHED = "finished"
     FAILED = "failed"
 

@@ -31,7 +31,7 @@ from orchestrator.control.states import (
 from orchestrator.errors import InfeasibleError, TransientError
 from orchestrator.policies.preemption import TreatAsLost
 from orchestrator.policies.replan import ReplanDecision
-from orchestrator.policies.straggler import Straggler
+from orchestrator.policies.straggler import Speedup, Straggler
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import StepReport
 from orchestrator.spec.snapshot import ClusterSnapshot, SnapshotDiff
@@ -78,6 +78,9 @@ def run_one(ctx: RunContext, s: RunningState) -> ControllerState:
     stragglers = led.stragglers.observe(report.stage_timings)
     if stragglers:
         return _on_stragglers(ctx, s, stragglers) or s
+    sped_up = _speedups(ctx, s)
+    if sped_up:
+        return _on_speedups(ctx, s, sped_up) or s
     return s
 
 
@@ -208,6 +211,58 @@ def _on_stragglers(
     if led.snapshot is None:
         return None
     return _consider_switch(ctx, s, led.snapshot, PlanReason.STRAGGLER)
+
+
+def _stage_nodes(ctx: RunContext, plan: Plan) -> dict[tuple[int, int], str | None]:
+    """(replica, stage) -> the node it runs on (its pin, else where its rank was placed)."""
+    placement = ctx.workers.placement()
+    return {
+        (r, s): stage.node or placement.get(rank)
+        for rank, (r, s, stage) in enumerate(plan.ranked_stages())
+    }
+
+
+def _speedups(ctx: RunContext, s: RunningState) -> list[Speedup]:
+    """Speed-ups of stages on nodes planned as slow (only those can be given work back)."""
+    slow = {n for n, f in ctx.ledger.slowdown_by_node.items() if f > 1.0}
+    if not slow:
+        return []
+    keys = {k for k, n in _stage_nodes(ctx, s.proposal.plan).items() if n in slow}
+    return ctx.ledger.stragglers.speedups(keys)
+
+
+def _on_speedups(ctx: RunContext, s: RunningState, found: list[Speedup]) -> ResizingState | None:
+    """A node planned as slow runs faster again: lower (or drop) its measured slowdown and ask
+    for a plan that gives it work back, under the same switch rule."""
+    led = ctx.ledger
+    nodes = _stage_nodes(ctx, s.proposal.plan)
+    factor_by_node: dict[str, float] = {}
+    for sp in found:
+        node = nodes.get((sp.replica, sp.stage))
+        ctx.record(
+            EventKind.SPEEDUP,
+            f"replica {sp.replica} stage {sp.stage} ({sp.device_type} on {node}) runs "
+            f"{1.0 / sp.factor:.2f}x faster than it measured",
+            replica=sp.replica,
+            stage=sp.stage,
+            node=node,
+            factor=sp.factor,
+            before_s=sp.before_s,
+            measured_s=sp.measured_s,
+        )
+        if node is not None:  # several stages on one node: the least speed-up counts
+            factor_by_node[node] = max(factor_by_node.get(node, 0.0), sp.factor)
+        led.stragglers.rebase((sp.replica, sp.stage), sp.measured_s)
+    for node, factor in factor_by_node.items():
+        left = led.slowdown_by_node.get(node, 1.0) * factor
+        # Within the detection threshold of full speed is full speed: what is left is noise.
+        if left < ctx.config.straggler_threshold:
+            led.slowdown_by_node.pop(node, None)
+        else:
+            led.slowdown_by_node[node] = left
+    if led.snapshot is None:
+        return None
+    return _consider_switch(ctx, s, led.snapshot, PlanReason.SPEEDUP)
 
 
 # -- RECOVERING --------------------------------------------------------------------------------

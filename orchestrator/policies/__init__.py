@@ -12,7 +12,7 @@ from orchestrator.policies.preemption import (
     TreatAsLost,
 )
 from orchestrator.policies.replan import NoopDecision, ReplanDecision, ReplanPolicy
-from orchestrator.policies.straggler import StageKey, Straggler, StragglerDetector
+from orchestrator.policies.straggler import Speedup, StageKey, Straggler, StragglerDetector
 
 __all__ = [
     "Evacuate",
@@ -25,6 +25,7 @@ __all__ = [
     "ReplanDecision",
     "ReplanPolicy",
     "Retry",
+    "Speedup",
     "StageKey",
     "Straggler",
     "StragglerDetector",

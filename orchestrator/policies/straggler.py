@@ -5,6 +5,12 @@ gave one, else the median of its first ``window`` measured steps after launch (s
 ``warmup_steps``). A stage is a straggler when each of its last ``window`` measurements exceeds
 the baseline by more than ``threshold`` (1.3 = 30 % slower); its measured slowdown is the median
 ratio over the window. One slow step (a GC pause, a checkpoint) never triggers.
+
+The other way round, a stage that speeds up (a throttled device that cooled down) is judged
+against what it *measured* (the median of its first ``window`` steps after launch, or the speed
+accepted by :meth:`StragglerDetector.rebase`), never against a prediction, which may be off by
+more than the threshold: :meth:`StragglerDetector.speedups` names the stages whose every one of
+the last ``window`` measurements is below that by more than ``threshold``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,18 @@ class Straggler:
     measured_s: float
 
 
+@dataclass(frozen=True)
+class Speedup:
+    """A stage found persistently faster than it measured before: ``factor`` < 1."""
+
+    replica: int
+    stage: int
+    device_type: str
+    factor: float  # measured now / measured before
+    before_s: float
+    measured_s: float
+
+
 @dataclass
 class StragglerDetector:
     """Feed it stage timings step by step; it returns the stragglers it finds."""
@@ -42,6 +60,11 @@ class StragglerDetector:
     _seen: dict[StageKey, int] = field(default_factory=dict)
     _warm: dict[StageKey, list[float]] = field(default_factory=dict)
     _recent: dict[StageKey, deque[float]] = field(default_factory=dict)
+    # What each stage measured (first window after warm-up, or as rebased), for speed-ups.
+    measured_s: dict[StageKey, float] = field(default_factory=dict)
+    _measuring: dict[StageKey, list[float]] = field(default_factory=dict)
+    _latest: dict[StageKey, deque[float]] = field(default_factory=dict)
+    _types: dict[StageKey, str] = field(default_factory=dict)
 
     @classmethod
     def with_predictions(
@@ -61,6 +84,7 @@ class StragglerDetector:
             self._seen[key] = seen
             if seen <= self.warmup_steps:
                 continue
+            self._measure(key, t.device_type, t.compute_s)
             if key not in self.baseline_s:
                 self._learn_baseline(key, t.compute_s)
                 continue
@@ -75,6 +99,31 @@ class StragglerDetector:
         """Accept the stage's current speed as its new baseline (after a decision not to act)."""
         self.baseline_s[key] = baseline_s
         self._recent.pop(key, None)
+        self.measured_s[key] = baseline_s
+        self._latest.pop(key, None)
+
+    def speedups(self, keys: set[StageKey] | None = None) -> list[Speedup]:
+        """Stages (of ``keys``, or all) persistently faster than they measured before."""
+        found = []
+        for key, latest in sorted(self._latest.items()):
+            before = self.measured_s.get(key)
+            if (keys is not None and key not in keys) or before is None or before <= 0:
+                continue
+            if len(latest) < self.window or max(latest) * self.threshold >= before:
+                continue
+            now = statistics.median(latest)
+            found.append(Speedup(key[0], key[1], self._types[key], now / before, before, now))
+        return found
+
+    def _measure(self, key: StageKey, device_type: str, compute_s: float) -> None:
+        self._types[key] = device_type
+        if key not in self.measured_s:
+            warm = self._measuring.setdefault(key, [])
+            warm.append(compute_s)
+            if len(warm) >= self.window:
+                self.measured_s[key] = statistics.median(warm)
+            return
+        self._latest.setdefault(key, deque(maxlen=self.window)).append(compute_s)
 
     def _learn_baseline(self, key: StageKey, compute_s: float) -> None:
         warm = self._warm.setdefault(key, [])

@@ -80,6 +80,7 @@ class Stretcher:
                 fix="compute factors relative to the fastest emulated type (speed 1.0)",
             )
         self.factor = factor
+        self.base_factor = factor  # from the node's speed label; ``throttle`` multiplies it
         self.compute_s = 0.0  # measured compute plus the emulated stretch
         self._reference_cpu_s: dict[Hashable, float] = {}
 
@@ -107,6 +108,13 @@ class Stretcher:
         if self.factor == 1.0:  # real speed: what the clock saw
             self.compute_s += wall_s
             return result
+        if self.base_factor == 1.0:
+            # A full-speed node throttled: what it took, stretched. (Its CPU time would be a
+            # different clock from the wall time its unthrottled steps were measured by.)
+            emulated_s = self.factor * wall_s
+            time.sleep(emulated_s - wall_s)
+            self.compute_s += emulated_s
+            return result
         cpu_s = time.thread_time() - cpu_start
         if key is not None:
             cpu_s = min(cpu_s, self._reference_cpu_s.get(key, cpu_s))
@@ -116,6 +124,23 @@ class Stretcher:
             time.sleep(emulated_s - wall_s)
         self.compute_s += max(emulated_s, wall_s)
         return result
+
+    def throttle(self, multiplier: float) -> None:
+        """Run ``multiplier`` times slower than the node's labelled speed from the next piece of
+        work on (1.0: the labelled speed again).
+
+        Stands in for a device whose speed changes while it runs (thermal throttling, a noisy
+        neighbour). On a node at full speed (factor 1.0, timed by the wall clock) the work's
+        own wall time is stretched; on a slower emulated node, its emulated time. Emulation
+        only: the worker refuses it where a real GPU is present.
+        """
+        if not multiplier >= 1.0:
+            raise SpecError(
+                f"throttle factor {multiplier} is below 1.0; emulation can only slow down",
+                field="factor",
+                fix="pass 1.0 (the labelled speed) or more (that many times slower)",
+            )
+        self.factor = self.base_factor * multiplier
 
     def reference_cpu_s(self, key: Hashable) -> float | None:
         """The least CPU time seen for ``key`` (None before its first run)."""

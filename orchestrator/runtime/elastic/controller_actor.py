@@ -81,6 +81,17 @@ class ControllerActor:
         """Tell the probe of a node event (the same as ``POST /v1/node-events``)."""
         self._session.probe.post_node_event(node, event, deadline_s)
 
+    def emulate_slowdown(self, node: str, factor: float) -> dict[str, Any]:
+        """Make an emulated node run ``factor`` times slower than its labelled speed while the
+        run goes on (1.0: back to it), standing in for thermal throttling. ``node``: Ray node
+        id, unique id prefix, host name or name label. Emulation only: workers on real GPUs
+        ignore it. Returns the node id and the ranks running there now."""
+        from orchestrator.runtime.elastic.probe import resolve_node
+
+        node_id = resolve_node(node)
+        ranks = self._session.workers.set_throttle(node_id, factor)
+        return {"node_id": node_id, "factor": factor, "ranks": ranks, "emulated": True}
+
 
 def start_controller(spec: ElasticJob, *, wait_for_old_s: float = 10.0) -> Any:
     """Create the run's controller actor on this node.

@@ -58,6 +58,7 @@ class RayWorkerGroupPort:
         self._committed_steps = 0
         self.workers: list[WorkerInfo] = []
         self.last_reform: ReformReport | None = None  # what the last change of plan moved
+        self._throttle_by_node: dict[str, float] = {}  # emulated extra slowdown (set_throttle)
 
     # The controller may leave the workers running across a change of plan, and hand launch() a
     # REPLICAS restore without states: the state stays in the workers (see the module docstring).
@@ -78,6 +79,7 @@ class RayWorkerGroupPort:
         self._rank_node = _check_pins_alive(plan)
         states = self._states_for(restore)
         group = ElasticWorkerGroup(self.job, self.options)
+        group.throttle_by_node = dict(self._throttle_by_node)
         self._group, self._plan = group, plan
         self._dead_ranks = set()
         try:
@@ -166,6 +168,27 @@ class RayWorkerGroupPort:
             group.stop()
         except Exception as exc:  # the actors or their nodes may be gone already
             log.warning("stopping the worker group: %s", exc)
+
+    def abandon_on(self, node_id: str, posted_at_s: float) -> None:
+        """A posted event reports ``node_id`` lost: a step in flight with a rank there is
+        abandoned at once (never committed) and the controller recovers as from any loss."""
+        group = self._group
+        if group is not None:
+            group.abandon_on(node_id, posted_at_s)
+
+    def set_throttle(self, node_id: str, factor: float) -> list[int]:
+        """Emulate a change of speed on a running node: its workers run ``factor`` times slower
+        than its labelled speed (1.0: back to it), now and after any change of plan. Emulation
+        only (workers on real GPUs ignore it). Returns the ranks on the node now."""
+        from orchestrator.worker.emulation import Stretcher
+
+        Stretcher(1.0).throttle(factor)  # a bad factor is refused before anything changes
+        if factor == 1.0:
+            self._throttle_by_node.pop(node_id, None)
+        else:
+            self._throttle_by_node[node_id] = factor
+        group = self._group
+        return group.set_throttle(node_id, factor) if group is not None else []
 
     # -- helpers -----------------------------------------------------------------------------
 

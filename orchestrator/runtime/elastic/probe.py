@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,17 +85,30 @@ class RayClusterProbe:
         self._posted: dict[str, PostedEvent] = {}
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        # Told (node id, wall time posted) of each posted loss at once, beside the snapshots:
+        # the worker group abandons a step in flight on that node (docs/controller.md).
+        self.on_lost: Callable[[str, float], None] | None = None
 
     def post_node_event(self, node: str, event: str, deadline_s: float | None = None) -> None:
         """Merge an event posted from outside Ray into the following snapshots (thread-safe).
 
         A ``node_joined`` event clears what was posted for that node before.
         """
+        posted_at_s = time.time()
         with self._lock:
             if event in LOST_EVENTS or event in DRAIN_EVENTS:
                 self._posted[node] = PostedEvent(node, event, deadline_s)
             else:
                 self._posted.pop(node, None)
+        listener = self.on_lost
+        if event in LOST_EVENTS and listener is not None:
+            try:
+                node_id = _resolve(node, _names_by_node_id(self._rows()))
+            except Exception as exc:  # the GCS busy: the next snapshot still drops the node
+                log.warning("node event for %s not resolved at once: %s", node, exc)
+                return
+            if node_id is not None:
+                listener(node_id, posted_at_s)
 
     def snapshot(self) -> ClusterSnapshot:
         try:
@@ -188,3 +202,18 @@ def _resolve(name: str, by_name: Mapping[str, set[str]]) -> str | None:
             return prefixed[0]
     named = [i for i, names in by_name.items() if name in names]
     return named[0] if len(named) == 1 else None
+
+
+def resolve_node(name: str, rows: Rows = ray_rows) -> str:
+    """The id of the alive node ``name`` names (as node events name nodes); a name that fits no
+    alive node, or several, is refused naming the fix."""
+    alive = [row for row in rows() if row.get("Alive", False)]
+    node_id = _resolve(name, _names_by_node_id(alive))
+    if node_id is None:
+        raise SpecError(
+            f"{name!r} names no single alive Ray node",
+            field="node",
+            fix="name a node by its Ray node id (or a unique prefix of 8 or more characters), "
+            "host name or orchestrator.io/node-name label",
+        )
+    return node_id

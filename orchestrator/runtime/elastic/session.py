@@ -306,6 +306,7 @@ def build_session(
         stop_timeout_s=ELASTIC_GROUP_OPTIONS.stop_timeout_s,
     )
     workers = RayWorkerGroupPort(spec.worker_job, store, options)
+    probe.on_lost = workers.abandon_on  # a posted loss ends the step in flight, not the next poll
     planner = _planner(spec, job, job_file)
     telemetry = _telemetry(job, spec.metrics_port, probe) if serve else None
     callbacks: list[ControllerCallback] = [progress, *extra_callbacks]

@@ -26,6 +26,7 @@ The figures of the last reform (bytes moved, layers kept, actors kept / started)
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from orchestrator.runtime.placement import (
 )
 from orchestrator.runtime.validation import validate_model_for_plan, validate_plan_for_cluster
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StepReport
 from orchestrator.worker.topology import (
     RankSpec,
     layer_copies,
@@ -57,6 +59,8 @@ from orchestrator.worker.topology import (
 
 # How long a survivor's step blocked on a dead peer may take to fail before the survivor is dropped.
 INFLIGHT_GRACE_S = 10.0
+# How often a step in flight looks for node events posted meanwhile (the bound on reacting).
+POSTED_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,14 @@ class ElasticWorkerGroup(WorkerGroup):
         super().__init__(*args, **kwargs)
         self._pgs: list[PlacedGroup] = []
         self.last_reform: ReformReport | None = None
+        # Emulated extra slowdown by Ray node id (set_throttle); actors built later get it too.
+        self.throttle_by_node: dict[str, float] = {}
+        # Nodes a posted event called lost (node id -> wall time it was posted): a step in
+        # flight with a rank there is abandoned at once (see step()).
+        self._posted_lost: dict[str, float] = {}
+        self._posted_lock = threading.Lock()
+        self.last_abandon: tuple[str, float] | None = None  # (node, event -> abandon seconds)
+        self._formed_at_s = 0.0  # wall time the current plan's group was formed
 
     # -- launching ------------------------------------------------------------
 
@@ -251,6 +263,76 @@ class ElasticWorkerGroup(WorkerGroup):
         )
         return self.last_reform
 
+    def abandon_on(self, node_id: str, posted_at_s: float) -> None:
+        """A posted event says ``node_id`` is lost: the step in flight (and any later one) with
+        a rank there is abandoned within a poll period (thread-safe; called beside the
+        controller's thread)."""
+        with self._posted_lock:
+            self._posted_lost[node_id] = posted_at_s
+
+    def step(self) -> StepReport:
+        """Run step ``next_step`` on every rank; abandon it (``WorkerLost``, never committed)
+        as soon as a posted event names a node of one of its ranks lost."""
+        assert self.plan is not None, "step() before launch()"
+        step = self.next_step
+        self._check_posted(f"step {step}")
+        started = time.perf_counter()
+        refs = {r: a.train_step.remote(step) for r, a in enumerate(self._actors)}
+        self._inflight = dict(refs)
+        pending = {ref: r for r, ref in refs.items()}
+        deadline = time.monotonic() + self.options.step_timeout_s
+        failed = False
+        while pending and not failed and time.monotonic() < deadline:
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POSTED_POLL_S)
+            for ref in ready:
+                pending.pop(ref)
+                try:
+                    ray.get(ref, timeout=0)
+                except Exception:  # a failed rank: judged at once below, as the base group does
+                    failed = True
+            if pending and not failed:
+                self._check_posted(f"step {step}")
+        # Gather as the base group does (failures judged there, timeout included).
+        results = self._gather(f"step {step}", refs, max(0.0, deadline - time.monotonic()))
+        self._inflight = {}
+        self.next_step = step + 1
+        return self._report(step, results, time.perf_counter() - started)
+
+    def _check_posted(self, phase: str) -> None:
+        with self._posted_lock:
+            posted = dict(self._posted_lost)
+        if not posted:
+            return
+        # A loss posted before this plan was formed was seen by the controller already: a plan
+        # formed after it that still uses the node means the node was cleared since.
+        posted = {n: t for n, t in posted.items() if t >= self._formed_at_s}
+        nodes = {w.node_id for w in self.workers} & set(posted)
+        if not nodes:
+            return
+        ranks = tuple(w.rank for w in self.workers if w.node_id in nodes)
+        node = sorted(nodes)[0]
+        after_s = time.time() - posted[node]
+        self.last_abandon = (node, after_s)
+        with self._posted_lock:
+            for n in nodes:
+                self._posted_lost.pop(n, None)
+        raise WorkerLost(
+            ranks, nodes, f"{phase} abandoned {after_s:.3f} s after a node event reported it lost"
+        )
+
+    def set_throttle(self, node_id: str, factor: float, timeout_s: float = 10.0) -> list[int]:
+        """Make the actors on ``node_id`` run ``factor`` times slower than its labelled speed
+        (emulation only; 1.0 undoes it); actors placed there later start so. The ranks told."""
+        if factor == 1.0:
+            self.throttle_by_node.pop(node_id, None)
+        else:
+            self.throttle_by_node[node_id] = factor
+        pairs = list(zip(self._actors, self.workers, strict=False))  # a copy: reform may swap
+        refs = {w.rank: a.set_throttle.remote(factor) for a, w in pairs if w.node_id == node_id}
+        # Not _gather: this runs beside the controller's thread and must not judge failures.
+        ray.get(list(refs.values()), timeout=timeout_s)
+        return sorted(refs)
+
     # -- helpers -----------------------------------------------------------------------------
 
     def _survivors(self, dead_ranks: set[int]) -> set[int]:
@@ -297,11 +379,15 @@ class ElasticWorkerGroup(WorkerGroup):
         committed_steps: int,
     ) -> dict[int, dict[str, Any]]:
         """Every actor (re)builds its engine for its rank and joins a new rendezvous."""
+        self._formed_at_s = time.time()
         timeout_s = self.options.rendezvous_timeout_s
         where = self._gather("start", {0: self._actors[0].where.remote()}, timeout_s)[0]
         world = (where["address"], where["port"], len(self._actors), timeout_s)
+        throttle = [self.throttle_by_node.get(w.node_id, 1.0) for w in self.workers]
         refs = {
-            r: a.reform.remote(plan_json, r, world, committed_steps, keep[r], incoming[r])
+            r: a.reform.remote(
+                plan_json, r, world, committed_steps, keep[r], incoming[r], throttle[r]
+            )
             for r, a in enumerate(self._actors)
         }
         infos = self._gather("rendezvous", refs, timeout_s + 30.0)

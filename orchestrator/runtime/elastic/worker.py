@@ -47,6 +47,7 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         super().__init__(job, plan_json, rank, emulated_slowdown)
         self._pending_step: int | None = None
         self._lock = threading.Lock()
+        self._throttle = 1.0  # emulated extra slowdown of this node (``set_throttle``)
 
     def train_step(self, step: int) -> dict[str, Any]:
         """Forward, backward, all-reduce of step ``step``; the update of step ``step - 1``
@@ -98,12 +99,14 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         committed_steps: int,
         keep: bool,
         incoming: list[Any],
+        throttle: float = 1.0,
     ) -> dict[str, Any]:
         """Become ``rank`` of a new plan (see the module docstring).
 
         ``rendezvous`` is (address, port, world size, timeout in s); ``keep``: keep the layers
         this actor holds and the new rank holds too (only when they are at ``committed_steps``);
-        ``incoming``: object references of ``{layer: state}`` from peers or the checkpoint.
+        ``incoming``: object references of ``{layer: state}`` from peers or the checkpoint;
+        ``throttle``: the node's emulated extra slowdown (see :meth:`set_throttle`).
         """
         from orchestrator.runtime.actor import engine_config, has_real_gpu
         from orchestrator.worker.engine import StageEngine
@@ -147,10 +150,11 @@ class ElasticWorker(_Base):  # type: ignore[misc]
             for i, state in late.items():
                 load_local(new.layers[i], new.optimizers[i], state, new.spec)
         self._engine = new
+        throttled = self._apply_throttle(throttle)
         return {
             "rank": rank,
             "slowdown_factor": slowdown,
-            "emulated": emulated,
+            "emulated": emulated or throttled,
             "real_gpu": real_gpu,
             "kept_layers": kept,
             "bytes_in": _nbytes(moved),
@@ -161,6 +165,35 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         """Apply the pending update if its step is committed, else drop it (a shard group's
         holders settle together: its update ends in collectives among them)."""
         self._settle(committed_steps)
+
+    def set_throttle(self, factor: float) -> dict[str, Any]:
+        """Run ``factor`` times slower than the node's labelled speed from the next piece of
+        work on (1.0: back to it); it also holds for engines this actor builds later.
+
+        Emulation only (it stands in for thermal throttling): where a real GPU is present nothing
+        changes and the answer says ``emulated: False``. Safe during a step (a second thread):
+        the stretch of each later forward, backward and update uses the new factor.
+        """
+        from orchestrator.runtime.actor import has_real_gpu
+
+        if has_real_gpu():
+            return {"rank": self._rank, "emulated": False, "factor": 1.0}
+        throttled = self._apply_throttle(factor)
+        return {"rank": self._rank, "emulated": throttled, "factor": self._throttle}
+
+    def _apply_throttle(self, factor: float) -> bool:
+        """Set the throttle on the current engine; whether it now stretches anything."""
+        from orchestrator.runtime.actor import has_real_gpu
+        from orchestrator.worker.emulation import Stretcher
+
+        if has_real_gpu():
+            return False
+        Stretcher(1.0).throttle(factor)  # checks the factor before anything changes
+        self._throttle = factor
+        e = self._engine
+        if e is not None:
+            e.stretcher.throttle(factor)
+        return factor != 1.0
 
     def pending_step(self) -> int | None:
         """The step whose update is reduced but not yet applied (tests read it)."""

@@ -122,6 +122,35 @@ def test_a_persistent_straggler_is_replanned_with_its_measured_speed():
     assert h.final_layer_states() == {i: tuple(range(80)) for i in range(NUM_LAYERS)}
 
 
+def test_a_throttled_node_that_speeds_up_again_is_given_its_work_back():
+    h = make_harness(
+        [("a", "A100-80", 2), ("b", "A100-80", 2)], total_steps=120, checkpoint_interval_steps=0
+    )
+    _running_at(h, 10)
+    h.workers.throttle["b"] = 3.0
+    h.states_until(lambda c: len(h.workers.launches) == 2 and c.state.name is RUNNING)
+    assert [r.batch_size for r in h.workers.launches[-1][0].replicas] == [12, 4]
+    assert h.controller.journal.of_kind(EventKind.SPEEDUP) == []  # still slow: nothing sped up
+    for _ in range(10):  # b stays slow under the new plan: no flapping either way
+        h.step()
+    assert len(h.workers.launches) == 2
+    h.workers.throttle["b"] = 1.0  # cooled down
+    h.states_until(lambda c: len(h.workers.launches) == 3 and c.state.name is RUNNING)
+    (speedup,) = h.controller.journal.of_kind(EventKind.SPEEDUP)[:1]
+    assert speedup.data["node"] == "b"
+    assert speedup.data["factor"] == pytest.approx(1 / 3)
+    assert h.controller.ledger.slowdown_by_node == {}  # back to full speed: planned as such
+    _, slowdown = h.planner.calls[-1]
+    assert slowdown == {}
+    replans = h.controller.journal.of_kind(EventKind.REPLAN)
+    assert [e.data["trigger"] for e in replans] == ["straggler", "speedup"]
+    plan, restore = h.workers.launches[-1]
+    assert [r.batch_size for r in plan.replicas] == [8, 8]
+    assert restore.lost_steps == 0
+    h.states_until(lambda c: c.done)
+    assert h.final_layer_states() == {i: tuple(range(120)) for i in range(NUM_LAYERS)}
+
+
 def test_one_slow_step_is_not_a_straggler():
     h = make_harness(total_steps=30)
     h.workers.before_step = lambda step: h.workers.throttle.update({"b": 5.0 if step == 12 else 1})
