@@ -13,20 +13,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from orchestrator.spec.model import ModelSpec
-from orchestrator.spec.profiles import ProfileFile, ProfileSet, check_layer_range, read_profile
-
-
-def _why_not(profile: ProfileFile, model: ModelSpec) -> str | None:
-    if profile.model != model.name:
-        return f"it profiles model {profile.model!r}, not {model.name!r}"
-    if profile.sequence_length is not None and profile.sequence_length != model.sequence_length:
-        return (
-            f"it was measured at sequence length {profile.sequence_length}, "
-            f"the model has {model.sequence_length}"
-        )
-    if profile.dtype is not None and profile.dtype != model.dtype.value:
-        return f"it was measured in {profile.dtype}, the model is {model.dtype.value}"
-    return None
+from orchestrator.spec.profiles import (
+    ProfileFile,
+    ProfileSet,
+    check_layer_range,
+    mismatch,
+    read_profile,
+)
 
 
 def profiles_for_model(
@@ -39,7 +32,7 @@ def profiles_for_model(
     for root in paths:
         for path in sorted(root.rglob("*.json")) if root.is_dir() else [root]:
             profile = read_profile(path)
-            reason = _why_not(profile, model)
+            reason = mismatch(profile, model)
             if reason is None:
                 check_layer_range(profile, path, model.num_planner_layers)
                 kept.append(profile)

@@ -110,15 +110,11 @@ def check_job_paths(job: JobSpec, job_file: Path, plan_file: Path | None) -> Non
 
 def _check_profiles(path: Path, job: JobSpec) -> None:
     """The profiles load as the controller will load them (an empty folder, an unknown format, a
-    bad or conflicting file is refused), and this model's name no layer it does not have."""
-    from orchestrator.spec.profiles import ProfileSet, check_layer_range, read_profile
+    bad or conflicting file is refused), and this model's name no layer it does not have; a file
+    for another model, sequence length or dtype is named on stderr (the run leaves it out)."""
+    from orchestrator.cli.profile_filter import profiles_for_model
 
-    ProfileSet.load([path])
-    shape = job.model.shape
-    for file in sorted(path.rglob("*.json")) if path.is_dir() else [path]:
-        profile = read_profile(file)
-        if profile.model == shape.name:
-            check_layer_range(profile, file, shape.num_planner_layers)
+    profiles_for_model([path], job.model.shape)
 
 
 def _file(path: Path, field: str, what: str) -> None:

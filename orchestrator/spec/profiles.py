@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError
 
 from orchestrator.errors import SpecError
+from orchestrator.spec.model import ModelSpec
 
 PROFILE_FORMAT = "orchestrator-profile/v1"
 
@@ -104,6 +105,11 @@ class ProfileSet:
             for e in f.entries:
                 self._index[(f.device_type, e.microbatch_size, e.tp)] = e
 
+    def fitting(self, model: ModelSpec) -> ProfileSet:
+        """The files measured for ``model``: its name, sequence length and dtype
+        (:func:`mismatch` gives the reason a file is left out)."""
+        return ProfileSet([f for f in self.files if mismatch(f, model) is None])
+
     def for_model(self, model_name: str) -> ProfileSet:
         """The subset measured for ``model_name``."""
         return ProfileSet([f for f in self.files if f.model == model_name])
@@ -171,6 +177,21 @@ def _refuse_conflicts(files: list[ProfileFile], sources: list[Path]) -> None:
                     fix="keep one of them",
                 )
             seen[key] = path
+
+
+def mismatch(profile: ProfileFile, model: ModelSpec) -> str | None:
+    """Why ``profile`` does not describe ``model`` (another model, sequence length or dtype would
+    mislead the cost model), or None when it does."""
+    if profile.model != model.name:
+        return f"it profiles model {profile.model!r}, not {model.name!r}"
+    if profile.sequence_length is not None and profile.sequence_length != model.sequence_length:
+        return (
+            f"it was measured at sequence length {profile.sequence_length}, "
+            f"the model has {model.sequence_length}"
+        )
+    if profile.dtype is not None and profile.dtype != model.dtype.value:
+        return f"it was measured in {profile.dtype}, the model is {model.dtype.value}"
+    return None
 
 
 def read_profile(path: Path) -> ProfileFile:

@@ -346,9 +346,8 @@ def _planner(spec: ElasticJob, job: JobSpec, job_file: Path) -> Planner:
 def _profiles(job: JobSpec, job_file: Path) -> ProfileSet | None:
     if job.profiles is None:
         return None
-    return ProfileSet.load([job.resolve_path(job.profiles, job_file)]).for_model(
-        job.model.shape.name
-    )
+    # Only files measured for this model, sequence length and dtype (`run` has named the others).
+    return ProfileSet.load([job.resolve_path(job.profiles, job_file)]).fitting(job.model.shape)
 
 
 def _telemetry(job: JobSpec, port: int | None, probe: RayClusterProbe) -> Any:

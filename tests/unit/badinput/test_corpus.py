@@ -102,12 +102,18 @@ def test_case(path: Path, tmp_path: Path) -> None:
     shown = f"exit {code}\nstdout: {out[-1500:]}\nstderr: {err[-1500:]}"
     assert code == expect.get("exit", 2), shown
     if expect.get("exit", 2) == 2:
-        lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("note:")]
+        # The error is one line; notes and warnings about input left out may stand beside it.
+        lines = [
+            ln
+            for ln in err.splitlines()
+            if ln.strip() and not ln.startswith(("note:", "warning:"))
+        ]
         assert len(lines) == 1, f"expected one line, got:\n{err}"
         assert expect["stderr"] in lines[0], lines[0]
         assert "missing 0.0 GiB" not in lines[0]
     else:  # accepted input (e.g. 16e9 read as a number), or ignored with a warning
         assert expect.get("stdout", "") in out, out[-3000:]
         assert expect.get("stderr", "") in err, err[-3000:]
+    assert expect.get("warning", "") in err, err[-3000:]
     for name in expect.get("absent", []):
         assert not (tmp_path / name).exists(), f"{name} was left behind"
