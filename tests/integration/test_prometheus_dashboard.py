@@ -159,7 +159,13 @@ def test_annotations_mark_the_recovery_and_the_replan(observed_run):
             reasons[where] = {series["metric"]["reason"] for series in result}
     # The crash is there; a real run on two busy cores may also re-plan for a straggler.
     assert {"initial", "failure"} <= reasons["annotation 'Plan changes'"]
-    assert reasons["annotation 'Plan changes'"] <= {"initial", "failure", "straggler", "join"}
+    assert reasons["annotation 'Plan changes'"] <= {
+        "initial",
+        "failure",
+        "straggler",
+        "speedup",
+        "join",
+    }
     assert reasons["annotation 'Recoveries'"] == {"failure"}
 
 
