@@ -127,6 +127,7 @@ class StepResult:
     # Last stage of an evaluated step: this replica's weighted share of the validation loss
     # after the step's update (the shares add up like ``loss``); None otherwise.
     eval_loss: float | None = None
+    eval_after_steps: int | None = None  # the evaluated weights hold this many steps' updates
 
 
 def preflight(config: EngineConfig) -> LayeredModel:
@@ -306,7 +307,7 @@ class StageEngine:
         self.apply_update()
         result = self.step_result(step, loss, start_s)
         if evaluate.is_eval_step(step, self.config.eval_every):
-            result = replace(result, eval_loss=self.validation_loss())
+            result = replace(result, eval_loss=self.validation_loss(), eval_after_steps=step + 1)
         return result
 
     def validation_loss(self) -> float | None:

@@ -230,6 +230,8 @@ class ProgressLines(ControllerCallback):
             f"step {report.step_duration_s:.4f} s "
             f"{report.throughput_samples_per_s:.1f} samples/s{self.tag}"
         )
+        if report.eval_loss is not None:
+            self._add(f"step {report.eval_after_steps} eval loss {report.eval_loss:.4f}")
 
     def on_checkpoint_skipped(self, path: Path, reason: str) -> None:
         """A published checkpoint failed verification; an older one is used instead."""
