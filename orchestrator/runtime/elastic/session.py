@@ -231,7 +231,8 @@ class ProgressLines(ControllerCallback):
             f"{report.throughput_samples_per_s:.1f} samples/s{self.tag}"
         )
         if report.eval_loss is not None:
-            self._add(f"step {report.eval_after_steps} eval loss {report.eval_loss:.4f}")
+            # Not a "step " line: those are one per step.
+            self._add(f"eval loss {report.eval_loss:.4f} after step {report.eval_after_steps}")
 
     def on_checkpoint_skipped(self, path: Path, reason: str) -> None:
         """A published checkpoint failed verification; an older one is used instead."""
