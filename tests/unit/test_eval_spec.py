@@ -82,3 +82,17 @@ def test_worker_job_carries_the_eval_settings(tmp_path: Path) -> None:
 def test_eval_steps_are_every_nth_step_done() -> None:
     assert [s for s in range(10) if is_eval_step(s, 4)] == [3, 7]  # after 4 and 8 steps
     assert not any(is_eval_step(s, 0) for s in range(10))
+
+
+def test_eval_mode_turns_dropout_off_and_puts_each_layer_back() -> None:
+    import torch
+    from torch import nn
+
+    from orchestrator.worker.evaluate import eval_mode
+
+    train, frozen = nn.Dropout(0.5), nn.Dropout(0.5).eval()
+    x = torch.ones(1000)
+    with eval_mode([train, frozen]):
+        assert torch.equal(train(x), x)  # no dropout while evaluating
+    assert train.training and not frozen.training
+    assert not torch.equal(train(x), x)
