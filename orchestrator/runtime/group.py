@@ -249,6 +249,7 @@ class WorkerGroup:
     ) -> StepReport:
         assert self.plan is not None
         losses = [float(r["loss"]) for r in results.values() if r.get("loss") is not None]
+        evals = [r for r in results.values() if r.get("eval_loss") is not None]
         timings = tuple(
             StageTiming(
                 replica=spec.replica,
@@ -270,6 +271,9 @@ class WorkerGroup:
             # Every rank decides overflow alike (an all-reduced flag); any one says so.
             overflow_skipped=any(bool(r.get("overflow_skipped")) for r in results.values()),
             loss_scale=max(float(r.get("loss_scale", 1.0)) for r in results.values()),
+            # Validation shares add up like the loss's (worker/evaluate.py).
+            eval_loss=sum(float(r["eval_loss"]) for r in evals) if evals else None,
+            eval_after_steps=int(evals[0]["eval_after_steps"]) if evals else None,
         )
 
     def _gather(self, phase: str, refs: Mapping[int, Any], timeout_s: float) -> dict[int, Any]:

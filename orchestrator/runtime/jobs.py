@@ -65,6 +65,8 @@ def worker_job(job: JobSpec, job_file: Path | str) -> WorkerJob:
             "recipe": optimizer_recipe(job),
             "precision": job.training.runtime_precision.value,
             "skip_nonfinite_steps": job.training.skip_nonfinite_steps,
+            "eval_every": job.training.eval_every or 0,
+            "eval_batches": job.training.eval_batches,
         },
     )
 

@@ -205,6 +205,10 @@ class JobTrainingSection(TrainingSpec):
     # Steps with a non-finite loss or gradient norm that may be skipped (their update dropped)
     # before training stops with an error; 0: stop at the first (docs/job.md).
     skip_nonfinite_steps: int = Field(default=0, ge=0, le=1000)
+    # Validation loss every eval_every steps (after that step's update) over eval_batches global
+    # batches of the held-out split (data.validation_fraction); None or 0: never (docs/job.md).
+    eval_every: int | None = Field(default=None, ge=0, le=1_000_000_000)
+    eval_batches: PositiveInt = Field(default=4, le=10_000)
 
     def planner_spec(self) -> TrainingSpec:
         """The part the planner and cost model read."""
@@ -271,6 +275,22 @@ class JobSpec(BaseModel):
     def _format_known(self) -> JobSpec:
         if self.format != JOB_FORMAT:
             raise ValueError(f"unknown format {self.format!r}; this version reads {JOB_FORMAT!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _eval_has_validation_split(self) -> JobSpec:
+        if not self.training.eval_every:
+            return self
+        if self.data.tokens is None and self.data.hf_dataset is None:
+            raise ValueError(
+                "training.eval_every needs a held-out split: give data.tokens or "
+                "data.hf_dataset with data.validation_fraction above 0, or drop eval_every"
+            )
+        if self.data.validation_fraction == 0:
+            raise ValueError(
+                "training.eval_every needs a held-out split: set data.validation_fraction "
+                "above 0 (e.g. 0.05), or drop eval_every"
+            )
         return self
 
     def resolve_path(self, value: str, job_file: Path | str) -> Path:

@@ -65,6 +65,10 @@ class StepReport:
     # does not commit such a step: it runs it again at the lowered scale).
     overflow_skipped: bool = False
     loss_scale: float = 1.0  # the scale the step's loss was multiplied by (1.0 unless fp16)
+    # Validation loss (training.eval_every) of the weights after ``eval_after_steps`` steps,
+    # evaluated during this step's call; None when the step evaluated nothing.
+    eval_loss: float | None = None
+    eval_after_steps: int | None = None
 
     @property
     def throughput_samples_per_s(self) -> float:

@@ -44,6 +44,7 @@ METRIC_NAMES = (
     "orchestrator_throughput_samples_per_second",
     "orchestrator_predicted_throughput_samples_per_second",
     "orchestrator_loss",
+    "orchestrator_eval_loss",
     "orchestrator_plan_changes_total",
     "orchestrator_plan_bound_ratio",
     "orchestrator_recoveries_total",
@@ -138,6 +139,12 @@ class PrometheusCallback(ControllerCallback):
         )
         self.loss = Gauge(
             "orchestrator_loss", "Loss of the last committed step.", ["run"], registry=r
+        )
+        self.eval_loss = Gauge(
+            "orchestrator_eval_loss",
+            "Validation loss of the last evaluation (training.eval_every).",
+            ["run"],
+            registry=r,
         )
         self.plan_changes = Counter(
             "orchestrator_plan_changes",
@@ -250,6 +257,8 @@ class PrometheusCallback(ControllerCallback):
         self.predicted_step.labels(run).set(predicted_step_s)
         self.throughput.labels(run).set(report.throughput_samples_per_s)
         self.loss.labels(run).set(report.loss)
+        if report.eval_loss is not None:
+            self.eval_loss.labels(run).set(report.eval_loss)
         for timing in report.stage_timings:
             if timing.step_s <= 0:
                 continue

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ from torch import nn
 from orchestrator.errors import SpecError
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import MemoryUse
-from orchestrator.worker import recompute, sharding, tensor_parallel, topology
+from orchestrator.worker import evaluate, recompute, sharding, tensor_parallel, topology
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.dropout import sample_streams
 from orchestrator.worker.emulation import Stretcher
@@ -93,6 +93,10 @@ class EngineConfig:
     # tensor; a plan's memory is the same every step); other steps repeat the last count.
     account_memory: bool = True
     memory_account_every: int = 50
+    # Validation loss after every ``eval_every``-th step's update (0: never) over
+    # ``eval_batches`` global batches of the held-out split (worker/evaluate.py).
+    eval_every: int = 0
+    eval_batches: int = 4
 
     @property
     def optimizer_recipe(self) -> OptimizerRecipe:
@@ -120,6 +124,10 @@ class StepResult:
     overflow_skipped: bool = False
     loss_scale: float = 1.0  # the scale this step's loss was multiplied by (1.0 unless fp16)
     memory: MemoryUse | None = None  # what the rank held this step (worker/memory_account.py)
+    # Last stage of an evaluated step: this replica's weighted share of the validation loss
+    # after the step's update (the shares add up like ``loss``); None otherwise.
+    eval_loss: float | None = None
+    eval_after_steps: int | None = None  # the evaluated weights hold this many steps' updates
 
 
 def preflight(config: EngineConfig) -> LayeredModel:
@@ -176,6 +184,8 @@ class StageEngine:
         self._step = 0
         self._skip_update = False
         self.dataset = make_dataset(config.data, config.seed) if self._needs_data else None
+        if config.eval_every and self.dataset is not None:
+            evaluate.check_validation_data(self.dataset)
         self.finite_guard = FiniteGuard(config.skip_nonfinite_steps, config.learning_rate)
         self.groups: GradientGroups | None = None
         self.tied: TiedGradients | None = None
@@ -295,7 +305,27 @@ class StageEngine:
         start_s = self.begin_step()
         loss = self.compute_gradients(step)
         self.apply_update()
-        return self.step_result(step, loss, start_s)
+        result = self.step_result(step, loss, start_s)
+        if evaluate.is_eval_step(step, self.config.eval_every):
+            result = replace(result, eval_loss=self.validation_loss(), eval_after_steps=step + 1)
+        return result
+
+    def validation_loss(self) -> float | None:
+        """This replica's share of the validation loss with the current weights (worker/
+        evaluate.py); every rank calls it together. Not timed as part of the step."""
+        assert self.runner is not None, "call setup() first"
+        loss = evaluate.validation_loss(
+            self.spec,
+            self.runner.layers,
+            self.model,
+            self.dataset if self.dataset is None else evaluate.check_validation_data(self.dataset),
+            self.config.plan.global_batch_size,
+            self.config.plan.microbatch_size,
+            self.config.eval_batches,
+            self.device,
+            self.policy,
+        )
+        return loss if self.spec.tp_rank == 0 else None
 
     # The parts of a step, for workers that order them differently (the elastic worker applies
     # a step's update only once the step is committed everywhere).

@@ -230,6 +230,9 @@ class ProgressLines(ControllerCallback):
             f"step {report.step_duration_s:.4f} s "
             f"{report.throughput_samples_per_s:.1f} samples/s{self.tag}"
         )
+        if report.eval_loss is not None:
+            # Not a "step " line: those are one per step.
+            self._add(f"eval loss {report.eval_loss:.4f} after step {report.eval_after_steps}")
 
     def on_checkpoint_skipped(self, path: Path, reason: str) -> None:
         """A published checkpoint failed verification; an older one is used instead."""

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import asdict
+import time
+from dataclasses import asdict, replace
 from typing import Any
 
 import ray
@@ -57,10 +58,22 @@ class ElasticWorker(_Base):  # type: ignore[misc]
             raise RuntimeError("call setup() before train_step()")
         start_s = e.begin_step()
         self._settle(step)
+        # The weights now hold ``step`` committed steps (the last update applied just above, or
+        # restored): evaluate them here, untimed, when the step before was an evaluated one.
+        eval_loss, eval_s = None, 0.0
+        every = e.config.eval_every
+        evaluated = every > 0 and step > 0 and step % every == 0  # evaluate.is_eval_step(step - 1)
+        if evaluated:
+            eval_start_s = time.perf_counter()
+            eval_loss = e.validation_loss()
+            eval_s = time.perf_counter() - eval_start_s
         loss = e.compute_gradients(step)
         with self._lock:
             self._pending_step = step
-        return asdict(e.step_result(step, loss, start_s))
+        result = e.step_result(step, loss, start_s + eval_s)
+        if evaluated:
+            result = replace(result, eval_loss=eval_loss, eval_after_steps=step)
+        return asdict(result)
 
     def get_layer_states(self, committed_steps: int | None = None) -> dict[int, dict[str, Any]]:
         """This rank's layers after ``committed_steps`` steps (None: after every step it ran)."""

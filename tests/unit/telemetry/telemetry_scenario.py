@@ -37,14 +37,22 @@ def a100_only_plan() -> Plan:
     )
 
 
-def step_report(step: int, step_s: float, *, two_stages: bool = True) -> StepReport:
+def step_report(
+    step: int, step_s: float, *, two_stages: bool = True, eval_loss: float | None = None
+) -> StepReport:
     # The A100 stage counts its memory (worker/memory_account.py); the L4 stage does not.
     memory = MemoryUse(400, 400, 800, 1000, 500, 2)
     timings = [StageTiming(0, 0, "A100", compute_s=0.6 * step_s, step_s=step_s, memory=memory)]
     if two_stages:
         timings.append(StageTiming(0, 1, "L4", compute_s=0.9 * step_s, step_s=step_s))
     return StepReport(
-        step=step, loss=3.0 / step, step_duration_s=step_s, samples=16, stage_timings=tuple(timings)
+        step=step,
+        loss=3.0 / step,
+        step_duration_s=step_s,
+        samples=16,
+        stage_timings=tuple(timings),
+        eval_loss=eval_loss,
+        eval_after_steps=None if eval_loss is None else step + 1,
     )
 
 
@@ -70,7 +78,8 @@ def drive_scripted_run(callback: ControllerCallback) -> None:
     )
     callback.on_state(State.RUNNING)
     for step in (1, 2, 3):
-        callback.on_step(step_report(step, 0.55), 0.5)
+        # Step 2 carries a validation loss (training.eval_every); later steps do not.
+        callback.on_step(step_report(step, 0.55, eval_loss=2.5 if step == 2 else None), 0.5)
         if step == 1:
             callback.on_checkpoint("save", 0.2)
     callback.on_devices({"A100": 3}, {})

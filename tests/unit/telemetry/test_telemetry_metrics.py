@@ -19,6 +19,7 @@ EXPECTED = {
     "orchestrator_throughput_samples_per_second": ("gauge", {"run"}),
     "orchestrator_predicted_throughput_samples_per_second": ("gauge", {"run"}),
     "orchestrator_loss": ("gauge", {"run"}),
+    "orchestrator_eval_loss": ("gauge", {"run"}),
     "orchestrator_plan_changes_total": ("counter", {"run", "reason"}),
     "orchestrator_plan_bound_ratio": ("gauge", {"run"}),
     "orchestrator_recoveries_total": ("counter", {"run", "reason"}),
@@ -82,6 +83,7 @@ def test_values_follow_the_scripted_run(scripted_run):
     assert value(s, "orchestrator_predicted_throughput_samples_per_second", **run) == 16 / 0.8
     assert value(s, "orchestrator_throughput_samples_per_second", **run) == 16 / 0.85
     assert value(s, "orchestrator_loss", **run) == 3.0 / 3
+    assert value(s, "orchestrator_eval_loss", **run) == 2.5  # the last evaluation's, kept
     assert value(s, "orchestrator_plan_changes_total", **run, reason="initial") == 1
     assert value(s, "orchestrator_plan_changes_total", **run, reason="failure") == 1
     assert value(s, "orchestrator_plan_changes_total", **run, reason="join") == 0
