@@ -34,6 +34,16 @@ class RunSummary:
     lost_steps: int
 
 
+def _token_file(workdir: Path) -> Path:
+    """A learnable token file (a repeating ramp of ids below the vocabulary) with a held-out
+    split, so the run also reports a validation loss."""
+    import numpy as np
+
+    path = workdir / "tokens.bin"
+    np.tile(np.arange(256, dtype=np.uint16), 80).tofile(path)
+    return path
+
+
 def _job(workdir: Path, steps: int, interval: int) -> JobSpec:
     return JobSpec.model_validate(
         {
@@ -50,8 +60,14 @@ def _job(workdir: Path, steps: int, interval: int) -> JobSpec:
                     "dtype": "fp32",
                 },
             },
-            "data": {},
+            "data": {
+                "tokens": str(_token_file(workdir)),
+                "dtype": "uint16",
+                "validation_fraction": 0.1,
+            },
             "training": {
+                "eval_every": 4,
+                "eval_batches": 1,
                 "global_batch_size": 16,
                 "microbatch_sizes": [2],
                 "steps": steps,
