@@ -112,29 +112,10 @@ def prepare_from_hf_dataset(
     progress: bool = True,
 ) -> Prepared:
     """Concatenate ``column`` of a dataset saved to disk into the token file ``out``."""
-    src = Path(folder)
-    if not src.is_dir():
-        raise SpecError(
-            f"dataset folder {src} does not exist", field="--hf-dataset", fix="check the path"
-        )
-    from datasets import DatasetDict, load_from_disk
+    from orchestrator.worker.data_hf import open_saved_dataset
 
-    try:
-        data = load_from_disk(str(src))
-    except (FileNotFoundError, ValueError) as exc:
-        raise SpecError(
-            f"{src} is not a saved dataset: {str(exc).splitlines()[0]}",
-            field="--hf-dataset",
-            fix="point to a folder written by Dataset.save_to_disk",
-        ) from None
-    if isinstance(data, DatasetDict):
-        if split not in data:
-            raise SpecError(
-                f"dataset {src} has no split {split!r} (it has {', '.join(sorted(data))})",
-                field="--split",
-                fix="name one of its splits",
-            )
-        data = data[split]
+    src = Path(folder)
+    data = open_saved_dataset(str(src), split, folder_field="--hf-dataset", split_field="--split")
     if column not in data.column_names:
         raise SpecError(
             f"dataset {src} has no column {column!r} (it has {', '.join(data.column_names)})",

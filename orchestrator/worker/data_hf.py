@@ -51,13 +51,21 @@ class HFDataSource:
     split: str = "train"
 
 
-def open_saved_dataset(folder: str, split: str) -> Any:
-    """The ``datasets.Dataset`` saved in ``folder`` (the split ``split`` of a DatasetDict)."""
+def open_saved_dataset(
+    folder: str,
+    split: str,
+    folder_field: str = "data.hf_dataset",
+    split_field: str = "data.split",
+) -> Any:
+    """The ``datasets.Dataset`` saved in ``folder`` (the split ``split`` of a DatasetDict).
+
+    ``folder_field`` / ``split_field`` name the setting in errors (the job's fields, or a
+    command's flags)."""
     path = Path(folder)
     if not path.is_dir():
         raise SpecError(
             f"dataset folder {path} does not exist",
-            field="data.hf_dataset",
+            field=folder_field,
             fix="point to a folder written by Dataset.save_to_disk",
         )
     from datasets import DatasetDict, load_from_disk
@@ -68,14 +76,14 @@ def open_saved_dataset(folder: str, split: str) -> Any:
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise SpecError(
             f"{path} is not a saved dataset: {first}",
-            field="data.hf_dataset",
+            field=folder_field,
             fix="point to a folder written by Dataset.save_to_disk",
         ) from None
     if isinstance(data, DatasetDict):
         if split not in data:
             raise SpecError(
                 f"dataset {path} has no split {split!r} (it has {', '.join(sorted(data))})",
-                field="data.split",
+                field=split_field,
                 fix="name one of its splits",
             )
         data = data[split]
