@@ -3,9 +3,10 @@
 The controller actor trains the tiny GPT with the real planner on two one-GPU pool nodes of one
 type (a replica each, the batch split evenly). Mid-run the test throttles one node three times
 slower through the actor (``emulate_slowdown``, emulation only): the controller must find it in
-the step reports, re-plan with the measured speed and give that node fewer samples; when the
-node runs at its labelled speed again, it must notice from the step reports and give the node
-its share back. Nothing here is a timing assertion: the order of events and the plans are.
+the step reports, re-plan with the measured speed and give that node less work (fewer samples,
+or fewer layers of each sample in a pipeline); when the node runs at its labelled speed again,
+it must notice from the step reports and give the node its share back. Nothing here is a timing
+assertion: the order of events and the plans are.
 """
 
 from __future__ import annotations
@@ -29,9 +30,15 @@ from orchestrator.spec.plan import Plan
 THROTTLE = 3.0
 
 
-def _samples_on(plan: Plan, node_id: str) -> int:
-    """Samples per step the plan gives the replicas that run on ``node_id``."""
-    return sum(r.batch_size for r in plan.replicas if any(s.node == node_id for s in r.stages))
+def _work_on(plan: Plan, node_id: str) -> int:
+    """Layer-samples per step on ``node_id``: each sample times the layers it runs there.
+
+    Samples alone would miss a pipeline: a re-plan may put both nodes in one replica and give
+    the slow node fewer layers of every sample instead of fewer samples.
+    """
+    return sum(
+        r.batch_size * s.num_layers for r in plan.replicas for s in r.stages if s.node == node_id
+    )
 
 
 class _Follow:
@@ -90,7 +97,7 @@ def test_a_throttled_node_gets_less_work_and_gets_it_back_when_it_cools_down(
     try:
         f.until(lambda: len(f.plans) >= 1 and len(f.steps) >= 6, 240.0)
         first = f.plans[0].plan
-        assert _samples_on(first, slow) == _samples_on(first, other) > 0
+        assert _work_on(first, slow) == _work_on(first, other) > 0
         told = ray.get(handle.actor.emulate_slowdown.remote(slow[:12], THROTTLE))
         assert told["node_id"] == slow and told["ranks"], told
 
@@ -100,7 +107,7 @@ def test_a_throttled_node_gets_less_work_and_gets_it_back_when_it_cools_down(
         assert straggler[0].data["slowdown_factor"] > 1.3  # measured from the step reports
         assert f.plans[1].reason == "straggler"
         throttled = f.plans[1].plan
-        assert _samples_on(throttled, slow) < _samples_on(first, slow)
+        assert _work_on(throttled, slow) < _work_on(first, slow)
         # The node stays throttled for a while under the new plan (its speed there is measured
         # over the first window after the launch), then cools down.
         at = len(f.steps)
@@ -112,7 +119,7 @@ def test_a_throttled_node_gets_less_work_and_gets_it_back_when_it_cools_down(
         speedup = f.of_kind("speedup")
         assert speedup and speedup[0].data["node"] == slow and speedup[0].data["factor"] < 1.0
         assert f.plans[2].reason == "speedup"
-        assert _samples_on(f.plans[2].plan, slow) > _samples_on(throttled, slow)
+        assert _work_on(f.plans[2].plan, slow) > _work_on(throttled, slow)
         # Each change went on from the step it reached: nothing lost or trained twice.
         assert f.steps == list(range(len(f.steps)))
         assert not f.of_kind("failure") and not f.of_kind("recovery")
