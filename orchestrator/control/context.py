@@ -23,6 +23,7 @@ from orchestrator.control.ports import (
     CheckpointStore,
     Clock,
     ClusterProbe,
+    PlanEstimator,
     Planner,
     PlanProposal,
     WorkerGroupPort,
@@ -30,9 +31,10 @@ from orchestrator.control.ports import (
 )
 from orchestrator.control.recovery import LayerState, RestoreKind, RestoreSource, lowest_holders
 from orchestrator.control.states import FailedState, FinishedState, RecoveringState
-from orchestrator.errors import TransientError
+from orchestrator.errors import InfeasibleError, SpecError, TransientError
 from orchestrator.policies.failure import GiveUp
 from orchestrator.policies.rejoin import RejoinPolicy
+from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import StepReport
 from orchestrator.spec.snapshot import ClusterSnapshot, SnapshotDiff, diff_snapshots
 
@@ -144,6 +146,18 @@ class RunContext:
         """Ask the planner for a plan on the usable part of ``snap``."""
         usable = snap.usable(self.ledger.excluded_nodes)
         return self.planner(usable, dict(self.ledger.slowdown_by_node))
+
+    def predict_running(self, snap: ClusterSnapshot, plan: Plan) -> float | None:
+        """``plan`` (stages pinned to their nodes) costed under today's measured slowdowns, or
+        None where the planner cannot cost a given plan or the plan no longer fits."""
+        if not isinstance(self.planner, PlanEstimator):
+            return None
+        usable = snap.usable(self.ledger.excluded_nodes)
+        try:
+            predicted_s = self.planner.estimate(plan, usable, dict(self.ledger.slowdown_by_node))
+        except (InfeasibleError, SpecError, KeyError, ValueError):
+            return None
+        return predicted_s if predicted_s > 0 else None
 
     # -- state of the workers --------------------------------------------------------------
 

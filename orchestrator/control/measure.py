@@ -43,6 +43,11 @@ class PlanMeasurements:
         return statistics.median(self._calibration_samples) / self.predicted_step_s
 
     @property
+    def recent_steps(self) -> int:
+        """How many steps (past the warm-up) :attr:`current_step_s` is the median of."""
+        return len(self._recent_s)
+
+    @property
     def current_step_s(self) -> float:
         """Median of the recent steps, or the calibrated prediction before any were measured."""
         if self._recent_s:

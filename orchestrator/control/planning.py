@@ -73,6 +73,21 @@ class MakePlanPlanner:
         )
 
 
+    def estimate(
+        self, plan: Plan, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
+    ) -> float:
+        """Predicted step time of ``plan`` (stages pinned to nodes) on ``snapshot``, with the
+        measured slowdowns applied as :meth:`__call__` applies them to a search."""
+        from orchestrator.costmodel import estimate_plan
+
+        cluster = cap_memory(snapshot.to_cluster(self.catalog), self.memory)
+        cluster, profiles = derate(cluster, self.profiles, slowdown_by_node)
+        estimate = estimate_plan(
+            derate_plan(plan, cluster), cluster, self.model, self.training, profiles
+        )
+        return estimate.step_time_s
+
+
 class FixedPlanner:
     """Always ``plan``, estimated by the cost model on the usable nodes (see the module
     docstring). Measured slowdowns are ignored: the plan cannot change, and the switch rule is
@@ -161,6 +176,21 @@ def derate(
         derated[name] = (node.device_type.name, factor)
         nodes.append(_with_device(node, _derated_type(node.device_type, name, factor)))
     return Cluster(nodes=tuple(nodes)), _derated_profiles(profiles, derated)
+
+
+def derate_plan(plan: Plan, cluster: Cluster) -> Plan:
+    """``plan`` with each pinned stage's device type named as its node's type in ``cluster``
+    (a derated copy on a slowed node), the inverse of :func:`restore_type_names`."""
+    replicas = []
+    for replica in plan.replicas:
+        stages = tuple(
+            s.model_copy(update={"device_type": cluster.node_by_name[s.node].device_type.name})
+            if s.node is not None and s.node in cluster.node_by_name
+            else s
+            for s in replica.stages
+        )
+        replicas.append(replica.model_copy(update={"stages": stages}))
+    return plan.model_copy(update={"replicas": tuple(replicas)})
 
 
 def restore_type_names(plan: Plan) -> Plan:

@@ -147,3 +147,18 @@ class Planner(Protocol):
     def __call__(
         self, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
     ) -> PlanProposal: ...
+
+
+@runtime_checkable
+class PlanEstimator(Protocol):
+    """A planner that can also cost a given plan under the same beliefs it plans with.
+
+    The switch rule uses it to cost the running plan again after measured speeds changed (a
+    straggler, a node that cooled down), so the candidate and the running plan are compared by
+    one model under one set of speeds. ``plan``'s stages carry the nodes they run on.
+    """
+
+    def estimate(
+        self, plan: Plan, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
+    ) -> float: ...
+

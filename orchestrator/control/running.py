@@ -170,7 +170,7 @@ def _consider_switch(
         trigger=trigger,
         current_step_s=led.measurements.current_step_s,
         candidate_predicted_step_s=candidate.predicted_step_s,
-        calibration=led.measurements.calibration,
+        calibration=_calibration_now(ctx, s, snap),
         remaining_steps=ctx.config.total_steps - led.next_step,
         switch_cost_s=led.switch_cost.estimate_s,
     )
@@ -179,6 +179,39 @@ def _consider_switch(
         return ResizingState(ctx.now_s(), trigger, candidate)
     ctx.record(EventKind.REPLAN_SKIPPED, decision.reason, trigger=trigger, **decision.numbers)
     return None
+
+
+def _calibration_now(ctx: RunContext, s: RunningState, snap: ClusterSnapshot) -> float:
+    """Measured / predicted for the running plan, with the plan costed again under the speeds
+    believed now. After a straggler or a speed-up the launch's calibration compares steps with
+    a prediction made under other speeds; costing the running plan the way the candidate is
+    costed makes the switch rule's gain depend on the model's ranking of the two plans, scaled
+    by how far the model is off right now."""
+    led = ctx.ledger
+    if led.measurements.recent_steps == 0:
+        return led.measurements.calibration
+    pinned = _pinned(ctx, s.proposal.plan)
+    predicted_s = ctx.predict_running(snap, pinned)
+    if predicted_s is None:
+        return led.measurements.calibration
+    return led.measurements.current_step_s / predicted_s
+
+
+def _pinned(ctx: RunContext, plan: Plan) -> Plan:
+    """``plan`` with every stage pinned to the node it runs on."""
+    nodes = _stage_nodes(ctx, plan)
+    replicas = tuple(
+        r.model_copy(
+            update={
+                "stages": tuple(
+                    st.model_copy(update={"node": nodes.get((i, j)) or st.node})
+                    for j, st in enumerate(r.stages)
+                )
+            }
+        )
+        for i, r in enumerate(plan.replicas)
+    )
+    return plan.model_copy(update={"replicas": replicas})
 
 
 def _on_stragglers(

@@ -5,7 +5,7 @@ predicts, so the calibration is 1 unless a node is throttled)."""
 from __future__ import annotations
 
 import pytest
-from control_fakes import NUM_LAYERS, make_harness
+from control_fakes import NUM_LAYERS, SPEEDS, FakePlanner, make_harness
 
 from orchestrator.control.events import ControllerStateName, EventKind
 from orchestrator.control.recovery import RestoreKind
@@ -225,3 +225,47 @@ def test_deadline_passing_during_evacuation_falls_back_to_the_checkpoint():
     h.states_until(lambda c: c.done)
     assert isinstance(c.state, FinishedState)
     assert h.final_layer_states() == {i: tuple(range(20)) for i in range(NUM_LAYERS)}
+
+
+class _EstimatingPlanner(FakePlanner):
+    """The fake planner, also costing a given plan the way it costs its own."""
+
+    def estimate(self, plan, snapshot, slowdown_by_node):
+        speed = {n.node_id: SPEEDS[n.device_type] * n.num_devices for n in snapshot.nodes}
+        return max(
+            r.batch_size / speed[r.stages[0].node] * slowdown_by_node.get(r.stages[0].node, 1.0)
+            for r in plan.replicas
+        )
+
+
+@pytest.mark.parametrize("estimating", [True, False])
+def test_after_a_speed_up_the_running_plan_is_costed_again_for_the_switch_rule(estimating):
+    # Both runs see a host hiccup right after the straggler re-plan: the launch's calibration
+    # says the model is 2x too optimistic. Costing the running plan again under today's speeds
+    # (what an estimating planner allows) still switches; the launch's calibration alone does not.
+    h = make_harness(
+        [("a", "A100-80", 2), ("b", "A100-80", 2)], total_steps=120, checkpoint_interval_steps=0
+    )
+    if estimating:
+        h.controller.ctx.planner = h.planner = _EstimatingPlanner()
+    _running_at(h, 10)
+    h.workers.throttle["b"] = 3.0
+    h.states_until(lambda c: len(h.workers.launches) == 2 and c.state.name is RUNNING)
+    for _ in range(10):
+        h.step()
+    measured = h.controller.ledger.measurements
+    measured._calibration_samples[:] = [2.0 * measured.predicted_step_s] * 3
+    h.workers.throttle["b"] = 1.0
+    h.states_until(lambda c: c.journal.of_kind(EventKind.SPEEDUP))
+    h.states_until(
+        lambda c: c.journal.of_kind(EventKind.REPLAN_SKIPPED) or len(h.workers.launches) == 3
+    )
+    if estimating:
+        (replan,) = h.controller.journal.of_kind(EventKind.REPLAN)[1:]
+        # Running plan [12, 4] at full speed costs 12 / 8 = 1.5 s, as measured: calibration 1.
+        assert replan.data["calibration"] == pytest.approx(1.0)
+        h.states_until(lambda c: len(h.workers.launches) == 3)
+        assert [r.batch_size for r in h.workers.launches[-1][0].replicas] == [8, 8]
+    else:
+        (skipped,) = h.controller.journal.of_kind(EventKind.REPLAN_SKIPPED)
+        assert skipped.data["calibration"] == pytest.approx(2.0)
