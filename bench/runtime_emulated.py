@@ -213,6 +213,14 @@ def plan_with_profiles(job: WorkerJob, work: Path) -> tuple[object, ProfileSet]:
     for p in profiled:
         print(f"  profile {p.device_type}: emulated={p.emulated} x{p.slowdown_factor:g}")
     profiles = ProfileSet.load([work / "profiles"]).for_model(SHAPE.name)
+    for device_type in profiles.device_types():
+        c = profiles.runtime_constants(device_type, with_time_terms=True)
+        if c is not None:
+            print(
+                f"  runtime terms {device_type}: {(c.microbatch_overhead_s or 0) * 1e3:.2f} ms"
+                f" per microbatch, {(c.step_overhead_s or 0) * 1e3:.1f} ms per step,"
+                f" round trip {(c.round_trip_s or 0) * 1e3:.1f} ms"
+            )
     return make_plan(cluster_from_nodes(nodes), SHAPE, training(), profiles), profiles
 
 
