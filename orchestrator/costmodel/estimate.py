@@ -269,19 +269,19 @@ def _exposed_allreduce_s(
         # Gradients of the stage's last layers are ready first; the first layer's come last.
         window = table.backward_s(start + 1, end)
         return max(total - window, per_layer_s[0])
-    backward_total_s = table.backward_s(start, end)
     done_s = 0.0  # when the reductions launched so far end, from the last backward's start
+    passed_s = 0.0  # backward seconds of the layers after ``layer``
     bucket_s, bucket_fill = 0.0, 0.0
     for layer in range(end - 1, start - 1, -1):  # backward order
         i = layer - start
         if bucket_fill and bucket_fill + per_layer_bytes[i] > bucket_bytes:
-            ready_s = table.backward_s(layer + 1, end)  # the bucket's layers are done
-            done_s = max(done_s, ready_s) + bucket_s
+            done_s = max(done_s, passed_s) + bucket_s  # the bucket's layers are done
             bucket_s, bucket_fill = 0.0, 0.0
         bucket_s += per_layer_s[i]
         bucket_fill += per_layer_bytes[i]
-    done_s = max(done_s, backward_total_s) + bucket_s  # the last bucket waits for all of it
-    return done_s - backward_total_s
+        passed_s += table.times[layer].backward_s
+    done_s = max(done_s, passed_s) + bucket_s  # the last bucket waits for the whole backward
+    return done_s - passed_s
 
 
 def estimate_plan(
