@@ -103,11 +103,17 @@ def training() -> TrainingSpec:
 
 
 def measure_ours(
-    job: WorkerJob, plan: Plan, steps: int, warmup: int = 3, estimate: object = None
+    job: WorkerJob,
+    plan: Plan,
+    steps: int,
+    warmup: int = 3,
+    estimate: object = None,
+    profiles: ProfileSet | None = None,
 ) -> float:
     """Mean step time of ``plan`` through the WorkerGroup, timed at the driver.
 
-    With the cost model's ``estimate``, prints where the step goes per rank against it.
+    With the cost model's ``estimate``, prints where the step goes per rank against it (and,
+    with the ``profiles`` it came from, the runtime's fixed terms against what they measured).
     """
     group = WorkerGroup(job)
     try:
@@ -123,7 +129,7 @@ def measure_ours(
             busiest_s += max(t.compute_s for t in report.stage_timings)
         elapsed_s = time.perf_counter() - started
         if estimate is not None:
-            print_breakdown(reports, estimate, elapsed_s / steps)
+            print_breakdown(reports, estimate, elapsed_s / steps, plan, profiles)
         # How much of the step the busiest rank spent computing (stretch included): the rest is
         # waiting, communication and orchestration.
         print(f"    busiest rank computes {busiest_s / elapsed_s:.0%} of the step")
@@ -133,9 +139,24 @@ def measure_ours(
         group.stop()
 
 
-def print_breakdown(reports: list, estimate: object, driver_step_s: float) -> None:
+def print_breakdown(
+    reports: list,
+    estimate: object,
+    driver_step_s: float,
+    plan: Plan | None = None,
+    profiles: ProfileSet | None = None,
+) -> None:
     """Per rank: measured compute (stretched forward, backward, update) and step against the
-    estimate's compute + update and step; then the driver's step over the slowest rank's."""
+    estimate's compute + update and step; then the driver's step over the slowest rank's.
+
+    With ``profiles``: per rank, its time outside the stretched compute (rank step - compute:
+    the fixed terms, waiting on peers, the all-reduce) against the measured fixed terms the
+    estimate charged, and the driver's step beyond the slowest rank's against the measured
+    round trip."""
+    terms = {}
+    if profiles is not None:
+        for d in estimate.devices:  # type: ignore[attr-defined]
+            terms[d.device_type] = profiles.runtime_constants(d.device_type, with_time_terms=True)
     compute: dict[tuple[int, int], list[float]] = {}
     step: dict[tuple[int, int], list[float]] = {}
     for report in reports:
@@ -147,14 +168,33 @@ def print_breakdown(reports: list, estimate: object, driver_step_s: float) -> No
         if key not in compute:
             continue
         measured = statistics.median(compute[key])
-        predicted = d.compute_s + d.update_s
+        constants = terms.get(d.device_type)
+        fixed_mb = (constants.microbatch_overhead_s or 0.0) if constants else 0.0
+        micro = -(-plan.replicas[d.replica].batch_size // plan.microbatch_size) if plan else 0
+        # The estimate's compute holds the per-microbatch term; the measured compute does not.
+        predicted = d.compute_s - micro * fixed_mb + d.update_s
         print(
             f"    r{d.replica}s{d.stage} {d.device_type:<8} compute+update measured {measured:.4f}"
             f" predicted {predicted:.4f} ({measured / predicted:.3f});"
             f" rank step {statistics.median(step[key]):.4f}"
         )
+        if constants is not None:
+            outside = statistics.median(s - c for s, c in zip(step[key], compute[key], strict=True))
+            per_step = constants.step_overhead_s or 0.0
+            fixed = micro * fixed_mb + per_step
+            print(
+                f"      outside compute {outside:.4f} s; fixed terms charged {fixed:.4f} s"
+                f" ({micro} x {fixed_mb * 1e3:.2f} ms + {per_step * 1e3:.1f} ms),"
+                f" exposed all-reduce {d.allreduce_s * 1e3:.1f} ms"
+            )
     slowest = statistics.median(max(t.step_s for t in r.stage_timings) for r in reports)
     print(f"    driver step {driver_step_s:.4f} s, slowest rank step {slowest:.4f} s")
+    trips = [c.round_trip_s for c in terms.values() if c is not None and c.round_trip_s]
+    if trips:
+        print(
+            f"    driver beyond the slowest rank {(driver_step_s - slowest) * 1e3:.1f} ms;"
+            f" round trip charged {max(trips) * 1e3:.1f} ms"
+        )
 
 
 def describe(plan: Plan) -> str:
@@ -173,6 +213,14 @@ def plan_with_profiles(job: WorkerJob, work: Path) -> tuple[object, ProfileSet]:
     for p in profiled:
         print(f"  profile {p.device_type}: emulated={p.emulated} x{p.slowdown_factor:g}")
     profiles = ProfileSet.load([work / "profiles"]).for_model(SHAPE.name)
+    for device_type in profiles.device_types():
+        c = profiles.runtime_constants(device_type, with_time_terms=True)
+        if c is not None:
+            print(
+                f"  runtime terms {device_type}: {(c.microbatch_overhead_s or 0) * 1e3:.2f} ms"
+                f" per microbatch, {(c.step_overhead_s or 0) * 1e3:.1f} ms per step,"
+                f" round trip {(c.round_trip_s or 0) * 1e3:.1f} ms"
+            )
     return make_plan(cluster_from_nodes(nodes), SHAPE, training(), profiles), profiles
 
 
@@ -201,7 +249,7 @@ def heterogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[s
         f" + {NUM_SLOW} x {SLOW[0]} @{SLOW[1]}"
     )
     with emulated_cluster([(FAST[0], FAST[1], NUM_FAST), (SLOW[0], SLOW[1], NUM_SLOW)]):
-        result, _ = plan_with_profiles(job, work)
+        result, profiles = plan_with_profiles(job, work)
         plan = result.plan  # type: ignore[attr-defined]
         baseline = result.baselines["fastest_type_only"]  # type: ignore[attr-defined]
         predicted_s = result.estimate.step_time_s  # type: ignore[attr-defined]
@@ -216,9 +264,10 @@ def heterogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[s
                 plan,
                 steps,
                 estimate=result.estimate,  # type: ignore[attr-defined]
+                profiles=profiles,
             ),
             "ours, fastest-only": lambda: measure_ours(
-                job, baseline.plan, steps, estimate=baseline.estimate
+                job, baseline.plan, steps, estimate=baseline.estimate, profiles=profiles
             ),
             "TorchTrainer, uniform": lambda: (
                 run_torchtrainer(

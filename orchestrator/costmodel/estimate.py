@@ -8,7 +8,12 @@ Then each device all-reduces its layers' gradients with the other replicas holdi
 applies the optimizer; the step ends when the slowest device is done. Where the runtime starts the
 all-reduce from gradient hooks (``RuntimePreset.overlaps_gradient_allreduce``) only the part that
 outlasts the last microbatch's backward is charged; at least the all-reduce of the stage's first
-layer, whose gradients come last, is always exposed.
+layer, whose gradients come last, is always exposed. Where the runtime reduces in buckets
+(``RuntimePreset.grad_bucket_bytes``) a bucket starts only once all of its layers are done, so a
+stage whose gradients fit one bucket has its whole all-reduce exposed. Each stage also pays the
+runtime's fixed seconds per microbatch, and the step its fixed seconds per step
+(``CostTables.microbatch_overhead_s``/``step_overhead_s``: measured by the profiler for our
+runtime, fitted for the Megatron-DeepSpeed preset).
 
 A stage boundary under tensor parallelism moves ``1/tp`` of the activation per rank (Megatron's
 scatter/gather: each tp rank sends its slice, the receiving stage all-gathers it over the node's
@@ -173,7 +178,7 @@ def _stage_microbatch_s(
     stage = replica.stages[index]
     table = tables.table(stage.device_type, plan.microbatch_size, stage.tp, stage.recompute)
     start, end = stage.layers
-    seconds = table.compute_s(start, end) + tables.runtime.microbatch_overhead_s
+    seconds = table.compute_s(start, end) + tables.microbatch_overhead_s(stage.device_type)
     if index + 1 < len(replica.stages):  # activations forward
         seconds += _boundary_s(tables, cluster, plan, stage, replica.stages[index + 1])
     if index > 0:  # gradients back
@@ -205,14 +210,20 @@ def _holder_bandwidth(cluster: Cluster, holders: list[StageSpec], message_bytes:
 
 
 def _allreduce_per_stage(
-    tables: CostTables, cluster: Cluster, plan: Plan
+    tables: CostTables,
+    cluster: Cluster,
+    plan: Plan,
+    bytes_out: dict[tuple[int, int], list[float]] | None = None,
 ) -> dict[tuple[int, int], list[float]]:
-    """All-reduce seconds of each layer's gradients, per (replica, stage), in layer order."""
+    """All-reduce seconds of each layer's gradients, per (replica, stage), in layer order
+    (``bytes_out``, when given, receives each layer's reduced bytes in the same order)."""
     model, training = tables.model, tables.training
     grad_bytes = tables.runtime.grad_bytes(model, training)
     out: dict[tuple[int, int], list[float]] = {
         (r, s): [] for r, rep in enumerate(plan.replicas) for s in range(len(rep.stages))
     }
+    if bytes_out is not None:
+        bytes_out.update({key: [] for key in out})
     if len(plan.replicas) == 1:
         return out
     # Walk layers once; the holders of a layer change only at stage boundaries.
@@ -230,19 +241,47 @@ def _allreduce_per_stage(
         )
         for r in range(len(plan.replicas)):
             out[(r, cursor[r])].append(seconds)
+            if bytes_out is not None:
+                bytes_out[(r, cursor[r])].append(nbytes)
     return out
 
 
 def _exposed_allreduce_s(
-    per_layer_s: list[float], table: LayerTable, start: int, end: int, overlapped: bool
+    per_layer_s: list[float],
+    table: LayerTable,
+    start: int,
+    end: int,
+    overlapped: bool,
+    bucket_bytes: float | None = None,
+    per_layer_bytes: list[float] | None = None,
 ) -> float:
-    """The all-reduce seconds the step waits for after the pipeline (see module docstring)."""
+    """The all-reduce seconds the step waits for after the pipeline (see module docstring).
+
+    With ``bucket_bytes`` the layers' gradients are reduced in buckets as the runtime cuts them
+    (backward order, a new bucket when the next layer would overflow it): a bucket starts once
+    the last microbatch's backward has passed all of its layers, and buckets run one after
+    another; what outlasts the backward is exposed.
+    """
     total = sum(per_layer_s)
     if not overlapped or not per_layer_s:
         return total
-    # Gradients of the stage's last layers are ready first; the first layer's come last.
-    window = table.backward_s(start + 1, end)
-    return max(total - window, per_layer_s[0])
+    if bucket_bytes is None or per_layer_bytes is None:
+        # Gradients of the stage's last layers are ready first; the first layer's come last.
+        window = table.backward_s(start + 1, end)
+        return max(total - window, per_layer_s[0])
+    done_s = 0.0  # when the reductions launched so far end, from the last backward's start
+    passed_s = 0.0  # backward seconds of the layers after ``layer``
+    bucket_s, bucket_fill = 0.0, 0.0
+    for layer in range(end - 1, start - 1, -1):  # backward order
+        i = layer - start
+        if bucket_fill and bucket_fill + per_layer_bytes[i] > bucket_bytes:
+            done_s = max(done_s, passed_s) + bucket_s  # the bucket's layers are done
+            bucket_s, bucket_fill = 0.0, 0.0
+        bucket_s += per_layer_s[i]
+        bucket_fill += per_layer_bytes[i]
+        passed_s += table.times[layer].backward_s
+    done_s = max(done_s, passed_s) + bucket_s  # the last bucket waits for the whole backward
+    return done_s - passed_s
 
 
 def estimate_plan(
@@ -264,8 +303,10 @@ def estimate_with_tables(
     plan: Plan, cluster: Cluster, tables: CostTables, schedule: str = "1f1b"
 ) -> Estimate:
     """Cost ``plan`` on ``cluster``: step time, throughput, memory per device."""
-    allreduce = _allreduce_per_stage(tables, cluster, plan)
+    allreduce_bytes: dict[tuple[int, int], list[float]] = {}
+    allreduce = _allreduce_per_stage(tables, cluster, plan, allreduce_bytes)
     overlapped = tables.runtime.overlaps_gradient_allreduce
+    bucket_bytes = tables.runtime.grad_bucket_bytes
     devices: list[DeviceEstimate] = []
     pipeline_s = 0.0
     estimated: set[str] = set()
@@ -295,7 +336,13 @@ def estimate_with_tables(
                     microbatch_s=per_stage[s],
                     compute_s=num_micro * per_stage[s],
                     allreduce_s=_exposed_allreduce_s(
-                        layer_allreduce, table, start, end, overlapped
+                        layer_allreduce,
+                        table,
+                        start,
+                        end,
+                        overlapped,
+                        bucket_bytes,
+                        allreduce_bytes[(r, s)],
                     ),
                     update_s=table.update_s(start, end),
                     memory_bytes=table.memory_bytes(start, end, in_flight) + framework,
@@ -319,7 +366,10 @@ def estimate_with_tables(
     )
     tail = max(d.allreduce_s + d.update_s for d in devices)
     worst = max(devices, key=lambda d: d.allreduce_s + d.update_s)
-    step_s = pipeline_s + tail + tables.runtime.step_overhead_s
+    # Per-step fixed terms (a rank's own per-step work, the driver's round trip): the step ends
+    # with the slowest rank, so the largest among the plan's device types.
+    step_overhead_s = max(tables.step_overhead_s(t) for t in {d.device_type for d in devices})
+    step_s = pipeline_s + tail + step_overhead_s
     return Estimate(
         step_time_s=step_s,
         throughput_samples_per_s=plan.global_batch_size / step_s,

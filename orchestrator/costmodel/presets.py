@@ -74,6 +74,10 @@ class RuntimePreset:
     # Whether the profiler's measured constants (a profile's ``runtime`` section) describe this
     # runtime: they are measured on our engine, so only our preset reads them.
     measured_constants: bool = False
+    # Overlapped all-reduce: gradients are reduced in buckets of about this many bytes, each
+    # started once all of its layers' gradients are ready (the last bucket, holding the stage's
+    # first layers, only after the whole backward); None: each layer on its own.
+    grad_bucket_bytes: float | None = None
 
     def state_terms(self, model: ModelSpec, training: TrainingSpec) -> StateTerms:
         """Per-parameter bytes of weights, gradients, optimizer state and weight copies."""
@@ -118,6 +122,9 @@ ORCHESTRATOR = RuntimePreset(
     "runtime section, else DeviceType.framework_overhead_bytes",
     fp32_training_state=True,
     measured_constants=True,
+    # worker/engine.py EngineConfig.grad_bucket_mb = 25 (DDP's bucket_cap_mb), in MiB; a model
+    # whose gradients fit one bucket gets no overlap at all.
+    grad_bucket_bytes=25.0 * 1024 * 1024,
 )
 
 MEGATRON_DEEPSPEED = RuntimePreset(

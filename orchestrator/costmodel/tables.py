@@ -19,7 +19,9 @@ from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset, StateTer
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.devices import DeviceType, Dtype
 from orchestrator.spec.model import LayerKind, ModelSpec, TrainingSpec
-from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileSet
+from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileSet, RuntimeConstants
+
+_UNSET = object()
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,7 @@ class CostTables:
         self.runtime = runtime
         self._intra = intra_node_bandwidth_bytes_per_s or {}
         self._cache: dict[tuple[str, int, int, bool], LayerTable] = {}
+        self._time_terms: dict[str, object] = {}
 
     @classmethod
     def for_cluster(
@@ -283,6 +286,37 @@ class CostTables:
             return terms
         optimizer = measured.state_bytes_per_param - terms.weights - terms.grads
         return replace(terms, optimizer=max(0.0, optimizer))
+
+    def microbatch_overhead_s(self, device_type: str) -> float:
+        """Fixed seconds a stage on this device type pays per microbatch beyond its layers:
+        what the profiler measured for our runtime (emulated profiles too: their terms are
+        what the emulated rank pays), else the preset's figure."""
+        measured = self._measured_time_terms(device_type)
+        if measured is not None and measured.microbatch_overhead_s is not None:
+            return measured.microbatch_overhead_s
+        return self.runtime.microbatch_overhead_s
+
+    def step_overhead_s(self, device_type: str) -> float:
+        """Fixed seconds per step on a rank of this device type: the rank's own per-step work
+        plus the driver's round trip to it, as the profiler measured them for our runtime,
+        else the preset's figure."""
+        measured = self._measured_time_terms(device_type)
+        if measured is None or measured.step_overhead_s is None:
+            return self.runtime.step_overhead_s
+        return measured.step_overhead_s + (measured.round_trip_s or 0.0)
+
+    def _measured_time_terms(self, device_type: str) -> RuntimeConstants | None:
+        if not self.runtime.measured_constants:
+            return None
+        found = self._time_terms.get(device_type, _UNSET)
+        if found is _UNSET:
+            # The planned model's own profile first: the loss and batch sizes it reads back are
+            # part of the terms; another model's figures stand in where it has none.
+            found = self.profiles.runtime_constants(
+                device_type, with_time_terms=True
+            ) or self.all_profiles.runtime_constants(device_type, with_time_terms=True)
+            self._time_terms[device_type] = found
+        return found  # type: ignore[return-value]
 
     def usable_memory_bytes(self, device_type: str) -> float:
         """Device memory left for model state and activations under this runtime."""

@@ -3,11 +3,15 @@
 Each actor runs the worker side's profiler (``orchestrator.worker.profiler``) on its node's device,
 with the node's emulated slow-down where the node carries an emulated speed and has no real GPU.
 The driver keeps a cache per (model, device type) whose key changes when the model does, and
-writes one planner profile per type to ``OUT/<model>/<device type>.json``.
+writes one planner profile per type to ``OUT/<model>/<device type>.json``. The driver also times
+its own round trip to a node of each type (:func:`measure_round_trip_s`), the one per-step term
+the worker cannot measure, into the profile's ``runtime`` section.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,6 +43,35 @@ def _profile_remote(request: Any) -> tuple[ProfileFile, Any]:
     if has_real_gpu():
         request = replace(request, slowdown_factor=1.0)
     return profile(request), request
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class _Echo:
+    """A do-nothing actor on a node: the driver times its calls (the round trip of a step)."""
+
+    def step(self, step: int) -> dict[str, Any]:
+        # A reply of about a step report's size (a handful of numbers per rank).
+        return {"step": step, "rank": 0, "compute_s": 0.0, "step_s": 0.0, "loss": None}
+
+
+def measure_round_trip_s(node: RayNode, warmup: int = 3, repeats: int = 15) -> float:
+    """Median seconds of one driver call to an actor on ``node`` and its reply: what the
+    driver's step costs beyond the rank's own work (the driver calls every rank at once and
+    gathers the replies, so one call's round trip stands for the step's)."""
+    selector = _selector(node)
+    options: dict[str, Any] = {"label_selector": selector} if selector else {}
+    actor = _Echo.options(**options).remote()  # type: ignore[attr-defined]
+    try:
+        for i in range(warmup):
+            ray.get(actor.step.remote(i))
+        times = []
+        for i in range(repeats):
+            start = time.perf_counter()
+            ray.get(actor.step.remote(i))
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+    finally:
+        ray.kill(actor)
 
 
 def _request(
@@ -119,6 +152,13 @@ def profile_device_types(
                     # An emulated type at the reference speed is stretched x1, but still emulated.
                     source = f"{result.source}; emulated device type (CPU at reference speed)"
                     result = result.model_copy(update={"emulated": True, "source": source})
+                write_profile(result, cache.path(request, model_name))
+            if result.runtime is not None and result.runtime.round_trip_s is None:
+                # The driver's side of a step, which the worker cannot see (kept in the cache).
+                constants = result.runtime.model_copy(
+                    update={"round_trip_s": measure_round_trip_s(node)}
+                )
+                result = result.model_copy(update={"runtime": constants})
                 write_profile(result, cache.path(request, model_name))
             target = out_dir / _safe(result.model) / f"{_safe(device_type)}.json"
             write_profile(result, target)

@@ -65,6 +65,14 @@ class RuntimeConstants(BaseModel):
     the caching allocator, cuBLAS workspaces included; CPU: the process's resident memory).
     ``state_bytes_per_param``: weights + gradients + optimizer state per parameter, counted on
     the profiled layers after an update with ``optimizer`` (``worker/memory_account.py``).
+
+    Time terms a running rank pays outside the per-layer pieces (``worker/runtime_terms.py``;
+    None: not measured, the cost model then charges none): ``microbatch_overhead_s``, seconds
+    per microbatch and stage (scheduling the pieces, reading the loss back, the emulated stretch
+    waking up late); ``step_overhead_s``, seconds per step on the rank (clearing gradients, the
+    optimizer loop); ``round_trip_s``, seconds the driver's call of a step costs beyond the
+    rank's own step (a Ray actor call to a node of this type and its reply, measured by
+    ``runtime/profiling.py``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -73,6 +81,9 @@ class RuntimeConstants(BaseModel):
     state_bytes_per_param: float = Field(gt=0)
     optimizer: str = Field(min_length=1)
     source: str = ""
+    microbatch_overhead_s: NonNegativeFloat | None = None
+    step_overhead_s: NonNegativeFloat | None = None
+    round_trip_s: NonNegativeFloat | None = None
 
 
 class ProfileFile(BaseModel):
@@ -124,15 +135,18 @@ class ProfileSet:
         return any(f.emulated for f in self.files if f.device_type == device_type)
 
     def runtime_constants(
-        self, device_type: str, measured_on_device: bool = False
+        self, device_type: str, measured_on_device: bool = False, with_time_terms: bool = False
     ) -> RuntimeConstants | None:
         """Our runtime's measured constants on ``device_type`` (any profiled model's; the first
         file in order), or None. ``measured_on_device``: only from profiles of the device itself
-        (an emulated profile ran on a CPU and says nothing of the device's own footprint)."""
+        (an emulated profile ran on a CPU and says nothing of the device's own footprint).
+        ``with_time_terms``: only constants that carry the per-microbatch and per-step terms."""
         for f in self.files:
             if f.device_type != device_type or f.runtime is None:
                 continue
             if measured_on_device and f.emulated:
+                continue
+            if with_time_terms and f.runtime.microbatch_overhead_s is None:
                 continue
             return f.runtime
         return None

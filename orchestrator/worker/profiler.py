@@ -41,9 +41,12 @@ from orchestrator.worker.engine import build_layers
 from orchestrator.worker.memory_account import ActivationAccount, DeviceMemory, state_bytes
 from orchestrator.worker.model_api import LayeredModel, build_model
 from orchestrator.worker.optim import make_optimizer
+from orchestrator.worker.runtime_terms import RuntimeTerms, measure_runtime_terms
 
 # Bumped when how the profiler measures changes, so cached profiles of the old way are not reused.
-MEASUREMENT_METHOD = "v4: emulated times from the least thread CPU time; 16-bit activations"
+MEASUREMENT_METHOD = (
+    "v5: emulated times from the least thread CPU time; 16-bit activations; runtime time terms"
+)
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ def profile(request: ProfileRequest, device: torch.device | None = None) -> Prof
             for i in range(model.num_planner_layers)
         }
         entries.append(ProfileEntry(microbatch_size=mbs, tp=1, layers=timings))
+    terms = _runtime_terms(model, layers, dataset, request, device)
     emulated = request.slowdown_factor != 1.0
     return ProfileFile(
         model=model.name,
@@ -97,7 +101,36 @@ def profile(request: ProfileRequest, device: torch.device | None = None) -> Prof
             state_bytes_per_param=_state_bytes_per_param(layers, request.optimizer),
             optimizer=request.optimizer,
             source=_constants_source(device),
+            microbatch_overhead_s=terms.microbatch_overhead_s,
+            step_overhead_s=terms.step_overhead_s,
         ),
+    )
+
+
+def _runtime_terms(
+    model: LayeredModel,
+    layers: dict[int, nn.Module],
+    dataset: Any,
+    request: ProfileRequest,
+    device: torch.device,
+) -> RuntimeTerms:
+    """The rank's time outside its pieces (``worker/runtime_terms.py``), at the smallest
+    candidate microbatch size: the terms are fixed costs, and the smallest size measures them
+    with the least stretched compute around them."""
+    mbs = min(request.microbatch_sizes)
+    many = 4  # few: at a 16x emulated stretch each microbatch costs a second
+    inputs, targets = dataset.batch(0, many * mbs, 0, many * mbs)
+    return measure_runtime_terms(
+        model,
+        layers,
+        inputs.to(device),
+        targets.to(device),
+        mbs,
+        request.slowdown_factor,
+        request.optimizer,
+        many=many,
+        warmup=1,
+        repeats=3,
     )
 
 
@@ -144,7 +177,8 @@ def _constants_source(device: torch.device) -> str:
     where = "CUDA context outside the allocator" if device.type == "cuda" else "process RSS"
     return (
         f"measured by orchestrator.worker.profiler: framework = {where} before the model; "
-        "state = counted storages after one update"
+        "state = counted storages after one update; time terms = a one-stage step through the "
+        "runtime's stage runner, outside its timed pieces (worker/runtime_terms.py)"
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from dist_cases import GPT_FACTORY
 
 from orchestrator.spec.profiles import ProfileSet, read_profile
@@ -70,3 +71,38 @@ def test_cache_hits_and_changes_with_the_model(tmp_path: Path) -> None:
     assert cache.path(other_type, "gpt-tiny") != cache.path(
         request(microbatch_sizes=(1,)), "gpt-tiny"
     )
+
+
+def test_profile_measures_the_runtimes_time_outside_its_pieces() -> None:
+    """The runtime section carries the per-microbatch and per-step seconds a rank spends
+    outside its timed pieces (worker/runtime_terms.py); emulated, the stretch's late wake-ups
+    are among them, so a stretched run spends more there than an unstretched one."""
+    plain = profile(request(microbatch_sizes=(2,))).runtime
+    assert plain is not None
+    assert plain.microbatch_overhead_s is not None and plain.microbatch_overhead_s > 0
+    assert plain.step_overhead_s is not None and plain.step_overhead_s >= 0
+    assert plain.round_trip_s is None  # the driver's side: measured by runtime/profiling.py
+    # Each microbatch costs well under the pieces it schedules (a tiny model: milliseconds).
+    assert plain.microbatch_overhead_s < 0.05
+
+
+def test_runtime_terms_line_goes_through_its_two_points() -> None:
+    import torch
+
+    from orchestrator.worker.data import make_dataset
+    from orchestrator.worker.engine import build_layers
+    from orchestrator.worker.model_api import build_model
+    from orchestrator.worker.runtime_terms import measure_runtime_terms
+
+    model = build_model(GPT_FACTORY, dict(KWARGS))
+    layers = build_layers(model, range(model.num_planner_layers), 0, torch.device("cpu"))
+    inputs, targets = make_dataset(DataConfig(sequence_length=16), 0).batch(0, 8, 0, 8)
+    terms = measure_runtime_terms(model, layers, inputs, targets, 2, 2.0, "adam", many=4)
+    (m1, o1), (m4, o4) = terms.points
+    assert (m1, m4) == (1, 4)
+    # Time outside the pieces at both points; the line (never negative) goes through them.
+    assert o1 > 0 and o4 > 0
+    assert terms.microbatch_overhead_s == pytest.approx(max(0.0, (o4 - o1) / 3))
+    assert terms.step_overhead_s == pytest.approx(max(0.0, o1 - terms.microbatch_overhead_s))
+    # The layers are left with no gradients, as the profiler's other measurements expect.
+    assert all(p.grad is None for layer in layers.values() for p in layer.parameters())
