@@ -118,6 +118,8 @@ class ElasticJob:
         if plan_path is None and job.plan is not None:
             plan_path = job.resolve_path(job.plan, path)
         plan = load_plan(plan_path) if plan_path is not None else None
+        if plan is not None:
+            plan.check_precision(job.training.explicit_precision, "plan.precision")
         if plan is not None and plan.global_batch_size != job.training.global_batch_size:
             raise SpecError(
                 f"plan {plan_path} has global_batch_size {plan.global_batch_size} but the job's "
