@@ -217,6 +217,8 @@ class ProgressLines(ControllerCallback):
             )
         )
         devices = ", ".join(f"{t} x{n}" for t, n in sorted(plan.device_counts().items()))
+        if plan.precision is not None:  # the format every rank computes in
+            devices += f"; precision {plan.precision}"
         self._add(
             f"plan ({self.plan_source}): {devices}; predicted step {predicted_step_s:.4f} s"
             f"{self.tag} [{reason}]",
