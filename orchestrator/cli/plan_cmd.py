@@ -186,6 +186,9 @@ def run_estimate(args: argparse.Namespace) -> int:
                     field=f"plan.replicas[{r}].stages[{s}].node",
                     fix="remove the node field or re-plan for this cluster",
                 )
+    from orchestrator.planner.auto_precision import with_auto_precision
+
+    plan = with_auto_precision(plan, training, cluster.device_types)
     est = estimate_plan(plan, cluster, model, training, profiles)
     # What the estimate was costed in (costmodel/precision.py).
     costed = plan.precision or training.explicit_precision or model.dtype

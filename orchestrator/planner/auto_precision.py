@@ -14,14 +14,16 @@ and the runtime runs exactly it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import InfeasibleError
-from orchestrator.planner.precision import fast_formats
+from orchestrator.planner.precision import choose_precision, fast_formats
 from orchestrator.spec.cluster import Cluster
-from orchestrator.spec.devices import Dtype
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.devices import DeviceType, Dtype
+from orchestrator.spec.model import AUTO_PRECISION, ModelSpec, TrainingSpec
+from orchestrator.spec.plan import Plan
 from orchestrator.spec.profiles import ProfileSet
 
 if TYPE_CHECKING:
@@ -158,3 +160,20 @@ def plan_auto(
     )
     searched_s = sum(r.search_time_s for r in results.values())
     return replace(results[best.precision], precision_choice=decision, search_time_s=searched_s)
+
+
+def with_auto_precision(
+    plan: Plan, training: TrainingSpec, device_types: Mapping[str, DeviceType]
+) -> Plan:
+    """``plan`` with a precision recorded when ``training.precision`` is ``auto`` and the plan
+    (hand-written, or from before plans recorded one) has none: the format every device type the
+    plan uses runs fast (:func:`~orchestrator.planner.precision.choose_precision`; its layout is
+    given, so no type is left out). Unchanged otherwise, or when a type is not in
+    ``device_types``."""
+    if training.precision != AUTO_PRECISION or plan.precision is not None:
+        return plan
+    names = sorted(plan.device_counts())
+    if any(n not in device_types for n in names):
+        return plan
+    chosen = choose_precision([device_types[n] for n in names]).precision
+    return plan.model_copy(update={"precision": chosen})

@@ -120,6 +120,7 @@ class ElasticJob:
         plan = load_plan(plan_path) if plan_path is not None else None
         if plan is not None:
             plan.check_precision(job.training.explicit_precision, "plan.precision")
+            plan = _auto_precision(plan, job)
         if plan is not None and plan.global_batch_size != job.training.global_batch_size:
             raise SpecError(
                 f"plan {plan_path} has global_batch_size {plan.global_batch_size} but the job's "
@@ -150,6 +151,17 @@ class ElasticJob:
     @property
     def total_steps(self) -> int:
         return self.steps if self.steps is not None else self.job.training.steps
+
+
+def _auto_precision(plan: Plan, job: JobSpec) -> Plan:
+    """A fixed plan without a precision, run under ``training.precision: auto``: the format
+    every device type of its layout runs fast (catalog types), recorded so the workers run it."""
+    from orchestrator.planner.auto_precision import with_auto_precision
+    from orchestrator.spec.devices import DeviceCatalog
+
+    catalog = DeviceCatalog.builtin()
+    known = {n: catalog[n] for n in plan.device_counts() if n in catalog}
+    return with_auto_precision(plan, job.training, known)
 
 
 def describe_plan(plan: Plan) -> list[str]:

@@ -178,3 +178,33 @@ def test_plan_and_estimate_commands_say_and_keep_the_format(tmp_path: Path, caps
     assert main(["estimate", *common, *training, "--plan", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "plan.precision" in err and "contradicts" in err
+
+
+def test_a_plan_without_precision_run_under_auto_takes_its_layouts_format() -> None:
+    from orchestrator.planner.auto_precision import with_auto_precision
+
+    cluster = _cluster(("V100-32", 1), ("A100-80", 1))
+    unset = TrainingSpec(global_batch_size=32, microbatch_sizes=[2, 4])
+    layout = make_plan(cluster, MODEL, unset).plan
+    assert layout.precision is None
+    types = cluster.device_types
+    v100_only = layout.model_copy(
+        update={
+            "replicas": tuple(
+                r.model_copy(
+                    update={
+                        "stages": tuple(
+                            s.model_copy(update={"device_type": "V100-32", "node": None})
+                            for s in r.stages
+                        )
+                    }
+                )
+                for r in layout.replicas
+            )
+        }
+    )
+    assert with_auto_precision(v100_only, AUTO, types).precision is Dtype.FP16
+    assert with_auto_precision(v100_only, unset, types).precision is None
+    recorded = v100_only.model_copy(update={"precision": Dtype.FP32})
+    assert with_auto_precision(recorded, AUTO, types).precision is Dtype.FP32
+    assert with_auto_precision(v100_only, AUTO, {}).precision is None  # unknown types: unchanged
