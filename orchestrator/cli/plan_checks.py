@@ -16,6 +16,8 @@ def check_plan_fits(plan: Any, cluster: Any, model: Any, training: Any | None) -
     microbatch size is not a mistake: that replica runs one smaller microbatch; a microbatch
     larger than every replica's batch is.)"""
     check_microbatch(plan)
+    if training is not None:
+        check_plan_precision(plan, training)
     if training is not None and plan.global_batch_size != training.global_batch_size:
         raise SpecError(
             f"the plan's global_batch_size ({plan.global_batch_size}) differs from the "
@@ -51,6 +53,12 @@ def check_plan_fits(plan: Any, cluster: Any, model: Any, training: Any | None) -
                     field=f"{where}.node",
                     fix="pin it to a node of its device type, or drop the node field",
                 )
+
+
+def check_plan_precision(plan: Any, training: Any, field: str = "plan.precision") -> None:
+    """A plan's recorded precision agrees with a ``training.precision`` that names a format
+    (unset or ``auto``: the plan's is run)."""
+    plan.check_precision(training.explicit_precision, field)
 
 
 def check_microbatch(plan: Any, field: str = "plan.microbatch_size") -> None:

@@ -99,11 +99,12 @@ def _estimate_summary(est: Any) -> dict[str, Any] | None:
 
 
 def _precision(plan: Any, cluster: Any, model: Any, training: Any) -> dict[str, str | None]:
-    """The plan's precision (``training.precision``, else the model's dtype, as costed) against
+    """The plan's precision (recorded in the plan, else the format ``training.precision`` names,
+    else the model's dtype, as costed) against
     what its device types run well (``planner/precision.py``)."""
     from orchestrator.planner.precision import precision_summary
 
-    planned = training.precision or model.dtype
+    planned = plan.precision or training.explicit_precision or model.dtype
     return precision_summary(planned, [cluster.device_types[t] for t in plan.device_counts()])
 
 
@@ -151,6 +152,8 @@ def run_plan(args: argparse.Namespace) -> int:
             "devices": result.estimate.to_dict()["devices"],
             "precision": precision,
         }
+        if result.precision_choice is not None:
+            out["precision_auto"] = result.precision_choice.to_dict()
         json.dump(out, sys.stdout, indent=2, sort_keys=True)
         print()
         return 0
@@ -183,13 +186,20 @@ def run_estimate(args: argparse.Namespace) -> int:
                     field=f"plan.replicas[{r}].stages[{s}].node",
                     fix="remove the node field or re-plan for this cluster",
                 )
+    from orchestrator.planner.auto_precision import with_auto_precision
+
+    plan = with_auto_precision(plan, training, cluster.device_types)
     est = estimate_plan(plan, cluster, model, training, profiles)
+    # What the estimate was costed in (costmodel/precision.py).
+    costed = plan.precision or training.explicit_precision or model.dtype
     if args.json:
         out = est.to_dict()
+        out["precision"] = costed.value
         json.dump(out, sys.stdout, indent=2, sort_keys=True)
         print()
         return 0
     from orchestrator.cli.plan_view import print_estimate
 
     print_estimate(plan, est)
+    print(f"costed in {costed}" + (" (the plan's precision)" if plan.precision else ""))
     return 0

@@ -99,6 +99,9 @@ def print_plan_result(
         )
         if precision["warning"]:
             console.print(f"[yellow]precision:[/yellow] {precision['warning']}")
+    if result.precision_choice is not None:
+        choice = result.precision_choice
+        console.print(f"precision auto: {choice.precision} chosen: {choice.reason}")
     if result.estimated_device_types:
         console.print(
             "[yellow]estimated:[/yellow] no measured profile of "

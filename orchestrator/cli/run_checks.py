@@ -86,6 +86,9 @@ def check_job_paths(job: JobSpec, job_file: Path, plan_file: Path | None) -> Non
         from orchestrator.cli.plan_checks import check_microbatch
 
         check_microbatch(plan, field=f"{field} microbatch_size")
+        from orchestrator.cli.plan_checks import check_plan_precision
+
+        check_plan_precision(plan, job.training, field=f"{field} precision")
         if plan.global_batch_size != job.training.global_batch_size:
             raise UserError(
                 f"the plan's global batch ({plan.global_batch_size}) differs from "

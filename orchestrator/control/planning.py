@@ -23,7 +23,7 @@ from orchestrator.errors import InfeasibleError
 from orchestrator.policies.oom import MemoryCaps
 from orchestrator.spec.cluster import Cluster, Node
 from orchestrator.spec.devices import DeviceCatalog, DeviceType
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import AUTO_PRECISION, ModelSpec, TrainingSpec
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileFile, ProfileSet
 from orchestrator.spec.snapshot import ClusterSnapshot
@@ -62,6 +62,7 @@ class MakePlanPlanner:
         cluster, profiles = derate(cluster, self.profiles, slowdown_by_node)
         result = make_plan(cluster, self.model, self.training, profiles)
         plan = restore_type_names(result.plan)
+        self._pin_precision(plan)
         note = ""
         if any(SLOW_MARK in d for d in result.plan.device_counts()):
             note = f"planned with measured slowdowns {dict(sorted(slowdown_by_node.items()))}"
@@ -71,6 +72,12 @@ class MakePlanPlanner:
             bound_step_s=result.bound_step_time_s,
             notes=note,
         )
+
+    def _pin_precision(self, plan: Plan) -> None:
+        # Under precision: auto the first plan's format is kept for the whole run: re-plans
+        # compare step times in one format, and the loss curve keeps one numerics.
+        if self.training.precision == AUTO_PRECISION and plan.precision is not None:
+            self.training = self.training.model_copy(update={"precision": plan.precision})
 
 
     def estimate(

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from orchestrator.costmodel import comm, memory, network, sharding
+from orchestrator.costmodel.precision import costed_inputs
 from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.costmodel.tables import CostTables, LayerTable
 from orchestrator.spec.cluster import Cluster
@@ -294,7 +295,9 @@ def estimate_plan(
     *,
     runtime: RuntimePreset = ORCHESTRATOR,
 ) -> Estimate:
-    """Cost ``plan`` on ``cluster`` for this model and training setting, as ``runtime`` runs it."""
+    """Cost ``plan`` on ``cluster`` for this model and training setting, as ``runtime`` runs it
+    (in the plan's precision when it records one, see ``costmodel/precision.py``)."""
+    model, training = costed_inputs(model, training, plan.precision)
     tables = CostTables.for_cluster(model, training, cluster, profiles, runtime=runtime)
     return estimate_with_tables(plan, cluster, tables, schedule)
 

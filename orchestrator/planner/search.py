@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from orchestrator.costmodel import (
     CostTables,
@@ -20,6 +21,7 @@ from orchestrator.costmodel import (
     estimate_with_tables,
     fluid_bound,
 )
+from orchestrator.costmodel.precision import costed_inputs
 from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.errors import InfeasibleError
 from orchestrator.planner.placement import place
@@ -27,9 +29,12 @@ from orchestrator.planner.selection import SearchConfig, Selection, SelectionSea
 from orchestrator.planner.sharded import sharded_data_parallel
 from orchestrator.planner.templates import TypeInfo, type_infos
 from orchestrator.spec.cluster import Cluster
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import AUTO_PRECISION, ModelSpec, TrainingSpec
 from orchestrator.spec.plan import Plan, ReplicaSpec, StageSpec
 from orchestrator.spec.profiles import ProfileSet
+
+if TYPE_CHECKING:
+    from orchestrator.planner.auto_precision import PrecisionDecision
 
 GiB = 1024**3
 
@@ -52,6 +57,8 @@ class PlanResult:
     baselines: dict[str, Baseline]
     search_time_s: float
     estimated_device_types: tuple[str, ...] = field(default=())
+    # Under training.precision: auto, the format chosen and why (planner/auto_precision.py).
+    precision_choice: PrecisionDecision | None = None
 
     @property
     def bound_step_time_s(self) -> float:
@@ -159,6 +166,12 @@ def make_plan(
     Raises :class:`~orchestrator.errors.InfeasibleError` when nothing fits, saying how much
     memory is missing on which device type.
     """
+    if training.precision == AUTO_PRECISION:
+        from orchestrator.planner.auto_precision import plan_auto
+
+        return plan_auto(cluster, model, training, profiles, config, runtime=runtime)
+    # Costed in the run's format; the chosen plan records it (None: training.precision unset).
+    model, training = costed_inputs(model, training)
     started = time.perf_counter()
     config = config or SearchConfig()
     tables = CostTables.for_cluster(model, training, cluster, profiles, runtime=runtime)
@@ -215,6 +228,8 @@ def make_plan(
             f"cost model bug: estimate {estimate.step_time_s:.6g} s is below the fluid bound "
             f"{bound.step_time_s:.6g} s"
         )
+    if training.explicit_precision is not None:
+        plan = plan.model_copy(update={"precision": training.explicit_precision})
     return PlanResult(
         plan=plan,
         estimate=estimate,

@@ -54,10 +54,16 @@ def engine_config(job: WorkerJob, plan_json: str, rank: int, slowdown_factor: fl
     from orchestrator.spec.plan import Plan
     from orchestrator.worker.engine import DataConfig, EngineConfig
 
+    plan = Plan.model_validate_json(plan_json)
+    extra = dict(job.extra)
+    if plan.precision is not None:
+        # The plan was costed in its format: the workers compute in exactly it (a job whose
+        # training.precision names another is refused before the run starts).
+        extra["precision"] = plan.precision.value
     return EngineConfig(
         model_factory=job.model_factory,
         model_kwargs=dict(job.model_kwargs),
-        plan=Plan.model_validate_json(plan_json),
+        plan=plan,
         rank=rank,
         schedule=job.schedule,
         optimizer=job.optimizer,
@@ -65,7 +71,7 @@ def engine_config(job: WorkerJob, plan_json: str, rank: int, slowdown_factor: fl
         seed=job.seed,
         data=DataConfig(**job.data),
         slowdown_factor=slowdown_factor,
-        **job.extra,
+        **extra,
     )
 
 

@@ -8,7 +8,7 @@ A model is a GPT-style transformer decoder described by its shape. The planner s
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
@@ -171,6 +171,10 @@ class Optimizer(StrEnum):
     SGD = "sgd"
 
 
+# ``training.precision: auto``: the planner chooses (see TrainingSpec.precision).
+AUTO_PRECISION = "auto"
+
+
 class TrainingSpec(BaseModel):
     """How the model is trained: the batch, the microbatch candidates, the optimizer."""
 
@@ -184,8 +188,10 @@ class TrainingSpec(BaseModel):
     mixed_precision: bool = True
     # What the workers compute in: fp32, or bf16/fp16 over fp32 master weights (docs/runtime.md).
     # Unset: the workers run fp32 and the planner reads mixed_precision and the model's dtype as
-    # before. Set: planner and workers both follow it, and mixed_precision must agree.
-    precision: Dtype | None = None
+    # before. Set: planner and workers both follow it, and mixed_precision must agree. "auto": the
+    # planner picks the format every planned device runs fast (planner/auto_precision.py) and
+    # the plan records it.
+    precision: Dtype | Literal["auto"] | None = None
     # The planner may turn activation recompute on for the stages where memory forces it (the
     # plan then says so per stage); false: never, plans without it only.
     activation_recompute: bool = True
@@ -206,6 +212,12 @@ class TrainingSpec(BaseModel):
     @model_validator(mode="after")
     def _precision_agrees(self) -> TrainingSpec:
         sixteen_bit = self.precision is not None and self.precision is not Dtype.FP32
+        mixed_off = "mixed_precision" in self.model_fields_set and not self.mixed_precision
+        if self.precision == AUTO_PRECISION and mixed_off:
+            raise ValueError(
+                "mixed_precision: false contradicts precision: auto (the planner may pick a 16-bit "
+                "format); drop mixed_precision (precision replaces it)"
+            )
         if sixteen_bit and "mixed_precision" in self.model_fields_set and not self.mixed_precision:
             raise ValueError(
                 f"mixed_precision: false contradicts precision: {self.precision}; "
@@ -215,12 +227,19 @@ class TrainingSpec(BaseModel):
 
     @property
     def runtime_precision(self) -> Dtype:
-        """What the workers compute in (fp32 unless ``precision`` says otherwise)."""
-        return self.precision or Dtype.FP32
+        """What the workers compute in when the plan does not say (fp32 unless ``precision``
+        names a format; a plan made under ``auto`` always records its format, which wins)."""
+        return self.precision if isinstance(self.precision, Dtype) else Dtype.FP32
+
+    @property
+    def explicit_precision(self) -> Dtype | None:
+        """The format ``precision`` names (None when unset or ``auto``)."""
+        return self.precision if isinstance(self.precision, Dtype) else None
 
     def _mixed(self, model_dtype: Dtype) -> tuple[bool, int]:
-        # (mixed precision?, bytes of a working weight/gradient) for the memory terms.
-        if self.precision is None:
+        # (mixed precision?, bytes of a working weight/gradient) for the memory terms. ``auto``
+        # is resolved before costing (costmodel/precision.py); costed here as the model's dtype.
+        if not isinstance(self.precision, Dtype):
             return self.mixed_precision, model_dtype.size_bytes if self.mixed_precision else 4
         return self.precision is not Dtype.FP32, self.precision.size_bytes
 

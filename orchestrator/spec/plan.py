@@ -21,6 +21,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from orchestrator.errors import SpecError
+from orchestrator.spec.devices import Dtype
 
 PLAN_FORMAT = "orchestrator-plan/v1"
 
@@ -113,6 +114,9 @@ class Plan(BaseModel):
     global_batch_size: PositiveInt
     microbatch_size: PositiveInt
     replicas: tuple[ReplicaSpec, ...] = Field(min_length=1)
+    # The number format every rank computes in (fp32, or bf16/fp16 over fp32 master weights), as
+    # the plan was costed; the runtime runs exactly it. None: the job's training.precision.
+    precision: Dtype | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
@@ -159,10 +163,12 @@ class Plan(BaseModel):
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, fixed separators, so equal plans are equal bytes.
 
-        ``sharding: none`` and ``recompute: false`` (the defaults) are left out, so plans without
-        them keep their bytes.
+        ``sharding: none``, ``recompute: false`` and ``precision: null`` (the defaults) are left
+        out, so plans without them keep their bytes.
         """
         data = self.model_dump(mode="json")
+        if data.get("precision") is None:
+            del data["precision"]
         for replica in data["replicas"]:
             for stage in replica["stages"]:
                 if stage.get("sharding") == Sharding.NONE.value:
@@ -212,6 +218,17 @@ class Plan(BaseModel):
                     field="plan.replicas[].stages[].sharding",
                     fix="give every sharded stage holding a layer the same sharding level",
                 )
+
+    def check_precision(self, named: Dtype | None, field: str = "plan.precision") -> None:
+        """Raise :class:`SpecError` when the plan records a precision other than ``named`` (the
+        format a job's ``training.precision`` names; None: unset or ``auto``, the plan's runs)."""
+        if self.precision is not None and named is not None and self.precision is not named:
+            raise SpecError(
+                f"the plan's precision ({self.precision}) contradicts training.precision ({named})",
+                field=field,
+                fix=f"set training.precision to {self.precision} or auto, or re-plan with "
+                "`orchestrator plan`",
+            )
 
     def check_against(self, num_planner_layers: int, device_counts: dict[str, int]) -> None:
         """Raise :class:`SpecError` if the plan does not fit the model or the cluster."""

@@ -118,6 +118,9 @@ class ElasticJob:
         if plan_path is None and job.plan is not None:
             plan_path = job.resolve_path(job.plan, path)
         plan = load_plan(plan_path) if plan_path is not None else None
+        if plan is not None:
+            plan.check_precision(job.training.explicit_precision, "plan.precision")
+            plan = _auto_precision(plan, job)
         if plan is not None and plan.global_batch_size != job.training.global_batch_size:
             raise SpecError(
                 f"plan {plan_path} has global_batch_size {plan.global_batch_size} but the job's "
@@ -148,6 +151,17 @@ class ElasticJob:
     @property
     def total_steps(self) -> int:
         return self.steps if self.steps is not None else self.job.training.steps
+
+
+def _auto_precision(plan: Plan, job: JobSpec) -> Plan:
+    """A fixed plan without a precision, run under ``training.precision: auto``: the format
+    every device type of its layout runs fast (catalog types), recorded so the workers run it."""
+    from orchestrator.planner.auto_precision import with_auto_precision
+    from orchestrator.spec.devices import DeviceCatalog
+
+    catalog = DeviceCatalog.builtin()
+    known = {n: catalog[n] for n in plan.device_counts() if n in catalog}
+    return with_auto_precision(plan, job.training, known)
 
 
 def describe_plan(plan: Plan) -> list[str]:
@@ -215,6 +229,8 @@ class ProgressLines(ControllerCallback):
             )
         )
         devices = ", ".join(f"{t} x{n}" for t, n in sorted(plan.device_counts().items()))
+        if plan.precision is not None:  # the format every rank computes in
+            devices += f"; precision {plan.precision}"
         self._add(
             f"plan ({self.plan_source}): {devices}; predicted step {predicted_step_s:.4f} s"
             f"{self.tag} [{reason}]",
