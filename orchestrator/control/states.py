@@ -47,11 +47,22 @@ class LaunchingState:
 
 
 @dataclass(frozen=True)
+class PendingSwitch:
+    """A switch the rule decided whose new workers are warming while the current plan trains;
+    the switch happens at the first step boundary after they are ready."""
+
+    proposal: PlanProposal
+    trigger: PlanReason
+    since_s: float
+
+
+@dataclass(frozen=True)
 class RunningState:
     name: ClassVar[ControllerStateName] = ControllerStateName.RUNNING
     since_s: float
     reason: PlanReason  # why this plan is running
     proposal: PlanProposal
+    pending: PendingSwitch | None = None
 
 
 @dataclass(frozen=True)

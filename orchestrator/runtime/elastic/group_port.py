@@ -16,6 +16,10 @@ actor. A restore of kind REPLICAS whose ``states`` are empty means "the state is
 at the last committed step". From a checkpoint, the survivors stay and every rank loads the
 checkpoint's layers (a model mixing steps is not a model). Only the first launch, or one after
 the group was stopped, starts every actor fresh.
+
+Joins are warmed (:meth:`RayWorkerGroupPort.prepare`, :meth:`RayWorkerGroupPort.prepared`):
+the controller asks for the candidate plan's new actors while the current plan trains and
+switches once they are ready (``survivors.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.control.ports import CheckpointStore, WorkerLost
+from orchestrator.control.ports import CheckpointStore, WarmStatus, WorkerLost
 from orchestrator.control.recovery import LayerState, RestoreKind, RestoreSource
 from orchestrator.runtime.actor import WorkerJob
 from orchestrator.runtime.elastic.survivors import ElasticWorkerGroup, ReformReport
@@ -168,6 +172,24 @@ class RayWorkerGroupPort:
             group.stop()
         except Exception as exc:  # the actors or their nodes may be gone already
             log.warning("stopping the worker group: %s", exc)
+
+    def prepare(self, plan: Plan) -> int:
+        """Start and warm the workers ``plan`` needs that the running group lacks (joiners),
+        while the current plan trains; how many are warming (0: the switch needs none)."""
+        group = self._group
+        if group is None or not group.workers:
+            return 0
+        try:
+            return group.prepare(plan)
+        except WorkerLost as exc:
+            raise self._lost(exc) from None
+
+    def prepared(self, plan: Plan) -> WarmStatus:
+        """Whether the workers :meth:`prepare` started for ``plan`` are warm (never blocks)."""
+        group = self._group
+        if group is None:
+            return WarmStatus("failed", "the worker group is gone")
+        return group.prepared(plan)
 
     def abandon_on(self, node_id: str, posted_at_s: float) -> None:
         """A posted event reports ``node_id`` lost: a step in flight with a rank there is
