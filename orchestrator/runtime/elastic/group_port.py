@@ -198,6 +198,13 @@ class RayWorkerGroupPort:
         if group is not None:
             group.abandon_on(node_id, posted_at_s)
 
+    def drain_on(self, node_id: str, deadline_s: float | None, posted_at_s: float) -> None:
+        """A posted preemption notice for ``node_id``: a step in flight there that would end
+        after the deadline is abandoned at once; otherwise it finishes (docs/controller.md)."""
+        group = self._group
+        if group is not None:
+            group.drain_on(node_id, deadline_s, posted_at_s)
+
     def set_throttle(self, node_id: str, factor: float) -> list[int]:
         """Emulate a change of speed on a running node: its workers run ``factor`` times slower
         than its labelled speed (1.0: back to it), now and after any change of plan. Emulation

@@ -90,6 +90,9 @@ class RayClusterProbe:
         # Told (node id, wall time posted) of each posted loss at once, beside the snapshots:
         # the worker group abandons a step in flight on that node (docs/controller.md).
         self.on_lost: Callable[[str, float], None] | None = None
+        # Told (node id, deadline, wall time posted) of each posted preemption notice at once:
+        # a step in flight there that would outlast the deadline is abandoned.
+        self.on_drain: Callable[[str, float | None, float], None] | None = None
         # Set by every posted event, taken by the controller at its next step boundary
         # (``take_news``): it polls then rather than at the next poll period, so a drain is
         # acted on within the step in flight.
@@ -109,15 +112,22 @@ class RayClusterProbe:
                 self._posted.pop(node, None)
             self.last_posted = (node, event, posted_at_s)
         self._news.set()
-        listener = self.on_lost
-        if event in LOST_EVENTS and listener is not None:
-            try:
-                node_id = _resolve(node, _names_by_node_id(self._rows()))
-            except Exception as exc:  # the GCS busy: the next snapshot still drops the node
-                log.warning("node event for %s not resolved at once: %s", node, exc)
-                return
-            if node_id is not None:
-                listener(node_id, posted_at_s)
+        lost, drain = self.on_lost, self.on_drain
+        lost = lost if event in LOST_EVENTS else None
+        drain = drain if event in DRAIN_EVENTS else None
+        if lost is None and drain is None:
+            return
+        try:
+            node_id = _resolve(node, _names_by_node_id(self._rows()))
+        except Exception as exc:  # the GCS busy: the next snapshot still has the event
+            log.warning("node event for %s not resolved at once: %s", node, exc)
+            return
+        if node_id is None:
+            return
+        if lost is not None:
+            lost(node_id, posted_at_s)
+        if drain is not None:
+            drain(node_id, deadline_s, posted_at_s)
 
     def take_news(self) -> bool:
         """True once after any event was posted (the controller then polls at once)."""

@@ -129,6 +129,10 @@ class ElasticWorkerGroup(WorkerGroup):
         self.last_abandon: tuple[str, float] | None = None  # (node, event -> abandon seconds)
         self._formed_at_s = 0.0  # wall time the current plan's group was formed
         self._warm: list[_Warm] = []  # joiners started ahead of a switch (prepare)
+        # Posted preemption notices: node -> (deadline, wall time posted) (see drain_on).
+        self._posted_drain: dict[str, tuple[float, float]] = {}
+        self._last_step_s = 0.0  # the last step's duration: how long the next one should take
+        self._step_ends_s = 0.0  # wall time the step in flight should end
 
     # -- launching ------------------------------------------------------------
 
@@ -434,11 +438,23 @@ class ElasticWorkerGroup(WorkerGroup):
         with self._posted_lock:
             self._posted_lost[node_id] = posted_at_s
 
+    def drain_on(self, node_id: str, deadline_s: float | None, posted_at_s: float) -> None:
+        """A posted preemption notice for ``node_id`` with a wall-clock deadline: a step in
+        flight there that would end after the deadline is abandoned at once (the node would
+        vanish under it); one that ends before is finished and the controller evacuates at its
+        boundary (thread-safe)."""
+        if deadline_s is None:
+            return
+        with self._posted_lock:
+            self._posted_drain[node_id] = (deadline_s, posted_at_s)
+
     def step(self) -> StepReport:
         """Run step ``next_step`` on every rank; abandon it (``WorkerLost``, never committed)
-        as soon as a posted event names a node of one of its ranks lost."""
+        as soon as a posted event names a node of one of its ranks lost, or posts a preemption
+        deadline there that falls before the step would end (the last step's duration)."""
         assert self.plan is not None, "step() before launch()"
         step = self.next_step
+        self._step_ends_s = time.time() + self._last_step_s
         self._check_posted(f"step {step}")
         started = time.perf_counter()
         refs = {r: a.train_step.remote(step) for r, a in enumerate(self._actors)}
@@ -460,9 +476,11 @@ class ElasticWorkerGroup(WorkerGroup):
         results = self._gather(f"step {step}", refs, max(0.0, deadline - time.monotonic()))
         self._inflight = {}
         self.next_step = step + 1
-        return self._report(step, results, time.perf_counter() - started)
+        self._last_step_s = time.perf_counter() - started
+        return self._report(step, results, self._last_step_s)
 
     def _check_posted(self, phase: str) -> None:
+        self._check_drains(phase)
         with self._posted_lock:
             posted = dict(self._posted_lost)
         if not posted:
@@ -482,6 +500,27 @@ class ElasticWorkerGroup(WorkerGroup):
                 self._posted_lost.pop(n, None)
         raise WorkerLost(
             ranks, nodes, f"{phase} abandoned {after_s:.3f} s after a node event reported it lost"
+        )
+
+    def _check_drains(self, phase: str) -> None:
+        with self._posted_lock:
+            drains = {
+                n: deadline
+                for n, (deadline, posted_s) in self._posted_drain.items()
+                if posted_s >= self._formed_at_s  # an older notice was evacuated already
+            }
+        late = deadline_hits(drains, {w.node_id for w in self.workers}, self._step_ends_s)
+        if not late:
+            return
+        ranks = tuple(w.rank for w in self.workers if w.node_id in late)
+        with self._posted_lock:
+            for n in late:
+                self._posted_drain.pop(n, None)
+        raise WorkerLost(
+            ranks,
+            late,
+            f"{phase} abandoned: the preemption deadline of {sorted(late)} falls before the "
+            "step would end",
         )
 
     def set_throttle(self, node_id: str, factor: float, timeout_s: float = 10.0) -> list[int]:
@@ -567,6 +606,12 @@ class ElasticWorkerGroup(WorkerGroup):
             for w in self.workers
         ]
         return infos
+
+
+def deadline_hits(deadlines: Mapping[str, float], nodes: set[str], step_ends_s: float) -> set[str]:
+    """Nodes of the step whose posted preemption deadline falls before the step should end:
+    the step cannot finish on them, so it is abandoned at once rather than finished."""
+    return {n for n, deadline in deadlines.items() if n in nodes and deadline <= step_ends_s}
 
 
 def _warm_seconds(warm: Sequence[_Warm]) -> dict[str, float]:
