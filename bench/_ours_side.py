@@ -201,6 +201,11 @@ def _join_parts(
     ready = _first(status, added_s, "warm_ready")
     launched = _first(status, added_s, "plan_chosen", "launched")
     parts: dict[str, Any] = {"node_start_s": registered_s - added_s}
+    parts["join_events"] = [
+        (round(e["time_s"] - added_s, 3), e["kind"], e["message"])
+        for e in status.get("events", [])
+        if e["time_s"] >= added_s and e["time_s"] <= first_step_s + 1.0
+    ]
     if seen is not None:
         parts["probe_sees_s"] = seen["time_s"] - registered_s
         if decided is not None:
@@ -224,7 +229,11 @@ def _join_parts(
         if seen is not None:
             parts["registered_to_step_s"] = first_step_s - registered_s
     if launched is not None:
-        parts["reform"] = launched["data"].get("reform_seconds")
+        parts["reform"] = {
+            k.removeprefix("reform_"): v
+            for k, v in launched["data"].items()
+            if k.startswith("reform_")
+        }
         parts["actors_started_at_switch"] = launched["data"].get("actors_started")
         parts["actors_warm"] = launched["data"].get("actors_warm")
         if start_of_switch_s is not None:

@@ -333,6 +333,8 @@ def main() -> None:
                 results["Ray Train v2 (start timeout 10 s)"] = raytrain(
                     args, work / "rt-tuned", {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
                 )
+    if args.json:  # first: the figures survive a report that fails
+        args.json.write_text(json.dumps(results, indent=2, default=str))
     straggled = results.pop("straggler", None)
     report(results)
     if straggled is not None:

@@ -144,7 +144,7 @@ def launch(ctx: RunContext, s: LaunchingState) -> ControllerState:
         bytes_moved=getattr(moved, "bytes_moved", None),
         actors_started=getattr(moved, "actors_started", None),
         actors_warm=getattr(moved, "actors_warm", None),
-        reform_seconds=dict(getattr(moved, "seconds", None) or {}),
+        **{f"reform_{k}": float(v) for k, v in (getattr(moved, "seconds", None) or {}).items()},
         **restore.summary(),
     )
     p = s.proposal

@@ -106,8 +106,8 @@ class _Warm:
     info: WorkerInfo
     uses_gpus: bool
     target: tuple[str, int]  # (plan json, rank) it is warming for
-    ref: Any  # its warm() call
-    asked_unix_s: float
+    ref: Any  # its latest warm() call
+    asked_unix_s: float  # when the actor was asked for (its warm-up counts from there)
     result: dict[str, Any] | None = None
 
 
@@ -353,7 +353,7 @@ class ElasticWorkerGroup(WorkerGroup):
                 pool.remove(w)
                 if w.target != (plan_json, spec.rank):  # warm it again for this plan's rank
                     w.target, w.result = (plan_json, spec.rank), None
-                    w.ref, w.asked_unix_s = w.actor.warm.remote(plan_json, spec.rank), time.time()
+                    w.ref = w.actor.warm.remote(plan_json, spec.rank)
             self._warm.append(w)
         for w in pool:  # warm for an earlier candidate, on a node this one does not use
             self._stop_warm(w)
