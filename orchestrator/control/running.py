@@ -109,9 +109,11 @@ def _pending_switch(ctx: RunContext, s: RunningState, p: PendingSwitch) -> Contr
     state without it when they failed; ``s`` itself while they warm (train on)."""
     status: WarmStatus = ctx.workers.prepared(p.proposal.plan)  # type: ignore[attr-defined]
     waited_s = ctx.now_s() - p.since_s
-    if status.state == "warming" and waited_s < WARM_TIMEOUT_S:
+    if status.state == "warming" and waited_s < WARM_TIMEOUT_S and ctx.now_s() < p.switch_by_s:
         return s
-    if status.state == "failed":
+    if status.state == "failed" and p.evacuate_nodes:  # evacuate all the same
+        ctx.journal.logger.warning("warming the evacuation's workers failed: %s", status.detail)
+    elif status.state == "failed":
         ctx.record(
             EventKind.REPLAN_SKIPPED,
             f"{p.trigger}: the new plan's workers did not warm up ({status.detail}); "
@@ -128,15 +130,16 @@ def _pending_switch(ctx: RunContext, s: RunningState, p: PendingSwitch) -> Contr
             f"{p.trigger}: the new plan's workers are warm after {waited_s:.2f} s of training "
             "on; switching at this step boundary"
             if ready
-            else f"{p.trigger}: the new plan's workers not warm after {waited_s:.0f} s; "
+            else f"{p.trigger}: the new plan's workers not warm after {waited_s:.1f} s; "
             "switching without waiting longer"
+            + (" (the preemption deadline is near)" if ctx.now_s() >= p.switch_by_s else "")
         ),
         trigger=p.trigger,
         warm_s=waited_s,
         ready=ready,
         **seconds,
     )
-    return ResizingState(ctx.now_s(), p.trigger, p.proposal)
+    return ResizingState(ctx.now_s(), p.trigger, p.proposal, p.evacuate_nodes)
 
 
 # fp16 halves its loss scale on each overflow; this many in a row (2^16 down to 2^-4) means the
@@ -201,16 +204,60 @@ def _react(
             nodes = set(decision.node_ids)
             error = WorkerLost(ctx.ranks_on(nodes), nodes, "preemption deadline passed")
             return ctx.on_failure(error, s.name)
+        leaving = frozenset(decision.node_ids)
+        if s.pending is not None and s.pending.evacuate_nodes >= leaving:
+            return None  # decided at an earlier poll; its workers are warming
         ctx.record(
             EventKind.PREEMPTION_NOTICE,
             f"evacuating {list(decision.node_ids)} before the deadline",
             nodes=list(decision.node_ids),
             slack_s=decision.slack_s,
         )
-        return ResizingState(ctx.now_s(), PlanReason.PREEMPTION, None, frozenset(decision.node_ids))
+        return _evacuate(ctx, s, snap, leaving, decision.slack_s)
     if diff.joined or diff.changed:
         return _consider_switch(ctx, s, snap, PlanReason.JOIN)
     return None
+
+
+def _evacuate(
+    ctx: RunContext,
+    s: RunningState,
+    snap: ClusterSnapshot,
+    nodes: frozenset[str],
+    slack_s: float | None,
+) -> ResizingState | RunningState:
+    """Leave the draining ``nodes``: with a port that can warm workers, plan without them now
+    and, when that plan needs new workers, warm them while training goes on (switching by the
+    deadline, less the expected switch, whether they are warm or not); else RESIZING re-plans."""
+    if getattr(ctx.workers, "prepare", None) is None:
+        return ResizingState(ctx.now_s(), PlanReason.PREEMPTION, None, nodes)
+    try:
+        candidate = ctx.plan_for(snap)  # the usable nodes: the draining ones left out
+    except (InfeasibleError, TransientError):
+        return ResizingState(ctx.now_s(), PlanReason.PREEMPTION, None, nodes)
+    warming = _prepare(ctx, candidate.plan)
+    if not warming:
+        return ResizingState(ctx.now_s(), PlanReason.PREEMPTION, candidate, nodes)
+    led = ctx.ledger
+    # Time left for warming: the slack to the deadline, less the switch and one step.
+    spare_s = (
+        float("inf")
+        if slack_s is None
+        else slack_s - led.switch_cost.estimate_s - led.measurements.current_step_s
+    )
+    ctx.record(
+        EventKind.WARMING,
+        f"{PlanReason.PREEMPTION}: starting {warming} workers of the plan without "
+        f"{sorted(nodes)} while the current plan trains"
+        + (f" (at most {max(0.0, spare_s):.1f} s)" if slack_s is not None else ""),
+        trigger=PlanReason.PREEMPTION,
+        workers=warming,
+        nodes=sorted(nodes),
+    )
+    pending = PendingSwitch(
+        candidate, PlanReason.PREEMPTION, ctx.now_s(), nodes, ctx.now_s() + spare_s
+    )
+    return replace(s, pending=pending)
 
 
 def _plan_nodes(plan: Plan) -> set[str]:

@@ -54,6 +54,8 @@ class PendingSwitch:
     proposal: PlanProposal
     trigger: PlanReason
     since_s: float
+    evacuate_nodes: frozenset[str] = frozenset()  # a preemption's draining nodes
+    switch_by_s: float = float("inf")  # switch then even if not warm (a preemption deadline)
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from control_fakes import NUM_LAYERS, FakeWorkerGroup, make_harness
+from control_fakes import NUM_LAYERS, FakePlanner, FakeWorkerGroup, make_harness
 
 from orchestrator.control.events import ControllerStateName, EventKind
 from orchestrator.control.measure import SwitchCostMeter
 from orchestrator.control.ports import WarmStatus
 from orchestrator.control.states import ResizingState, RunningState
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.snapshot import ClusterSnapshot
 
 RUNNING = ControllerStateName.RUNNING
 
@@ -222,3 +223,66 @@ def test_the_switch_cost_estimate_prefers_switches_that_started_no_worker():
     assert meter.first_step_done(21.5, 1.0) == pytest.approx(0.5)
     assert meter.estimate_s == pytest.approx(0.5)  # not the mean with the first launch
     assert meter.observations_s == [pytest.approx(8.0), pytest.approx(0.5)]
+
+
+class TwoNodePlanner:
+    """The fake planner on the first two usable nodes (by id): a third node stays spare."""
+
+    def __init__(self) -> None:
+        self.inner = FakePlanner()
+
+    def __call__(self, snapshot, slowdown_by_node):
+        nodes = sorted(snapshot.nodes, key=lambda n: n.node_id)[:2]
+        return self.inner(ClusterSnapshot(snapshot.sequence, tuple(nodes), {}), slowdown_by_node)
+
+
+def _spare_harness(**config):
+    h = make_harness([("a", "A100-80", 2), ("b", "A100-80", 2), ("c", "A100-80", 2)], **config)
+    warming = WarmingWorkerGroup(h.cluster, h.clock, h.store)
+    h.controller.ctx.workers = warming
+    h.controller.planner = TwoNodePlanner()
+    h.workers = warming
+    return h
+
+
+def test_an_evacuation_warms_the_spare_node_while_the_draining_node_still_trains():
+    h = _spare_harness(total_steps=40, checkpoint_interval_steps=0)
+    h.workers.warm_s = 6.0
+    _running_at(h, 5)
+    assert _nodes_of(h.workers.plan) == {"a", "b"}
+    h.cluster.drain("b", deadline_s=h.clock.now_s() + 300.0)
+    h.clock.advance(1.0)
+    c = h.controller
+    state = h.step()
+    assert isinstance(state, RunningState) and state.pending is not None
+    assert state.pending.evacuate_nodes == {"b"}
+    assert _nodes_of(state.pending.proposal.plan) == {"a", "c"}
+    h.states_until(lambda c: isinstance(c.state, ResizingState))
+    assert c.state.evacuate_nodes == {"b"} and c.next_step > 5  # trained on meanwhile
+    # One evacuation decision, though the probe saw the drain at every poll meanwhile.
+    assert len([e for e in c.events if "evacuating" in e.message]) == 1
+    h.states_until(lambda c: c.state.name is RUNNING)
+    assert _nodes_of(h.workers.plan) == {"a", "c"}
+    assert h.workers.started_at_switch[-1] == 0
+    assert h.clock.now_s() < h.cluster.draining["b"]
+    h.states_until(lambda c: c.done)
+    assert c.failure_count == 0 and c.lost_steps_total == 0
+    assert h.final_layer_states() == {i: tuple(range(40)) for i in range(NUM_LAYERS)}
+
+
+def test_an_evacuation_switches_by_its_deadline_even_if_the_spare_node_is_not_warm():
+    h = _spare_harness(total_steps=200, checkpoint_interval_steps=0)  # 1 s steps
+    h.workers.warm_s = 1000.0  # never warm in time
+    _running_at(h, 5)
+    h.cluster.drain("b", deadline_s=h.clock.now_s() + 60.0)
+    h.clock.advance(1.0)
+    c = h.controller
+    assert h.step().pending is not None
+    h.states_until(lambda c: isinstance(c.state, ResizingState))
+    (ready,) = c.journal.of_kind(EventKind.WARM_READY)
+    assert ready.data["ready"] is False and "deadline is near" in ready.message
+    h.states_until(lambda c: c.state.name is RUNNING)
+    assert h.clock.now_s() < h.cluster.draining["b"]  # switched before the deadline
+    assert h.workers.started_at_switch[-1] == 1  # the cold spare started at the switch
+    h.states_until(lambda c: c.done)
+    assert c.failure_count == 0 and c.lost_steps_total == 0
