@@ -189,7 +189,10 @@ class RayWorkerGroupPort:
         group = self._group
         if group is None:
             return WarmStatus("failed", "the worker group is gone")
-        return group.prepared(plan)
+        try:
+            return group.prepared(plan)
+        except Exception as exc:  # the GCS busy, say: the switch goes ahead without them
+            return WarmStatus("failed", f"{type(exc).__name__}: {exc}")
 
     def abandon_on(self, node_id: str, posted_at_s: float) -> None:
         """A posted event reports ``node_id`` lost: a step in flight with a rank there is
