@@ -207,7 +207,8 @@ def _join_parts(
         if e["time_s"] >= added_s and e["time_s"] <= first_step_s + 1.0
     ]
     if seen is not None:
-        parts["probe_sees_s"] = seen["time_s"] - registered_s
+        parts["probe_sees_s"] = seen["time_s"] - registered_s  # < 0: seen before add() returned
+        parts["start_to_seen_s"] = seen["time_s"] - added_s
         if decided is not None:
             parts["decide_s"] = decided["time_s"] - seen["time_s"]
             parts["switch_rule"] = decided["message"]
@@ -227,7 +228,7 @@ def _join_parts(
     if start_of_switch_s is not None:
         parts["switch_to_step_s"] = first_step_s - start_of_switch_s  # training paused
         if seen is not None:
-            parts["registered_to_step_s"] = first_step_s - registered_s
+            parts["seen_to_step_s"] = first_step_s - seen["time_s"]
     if launched is not None:
         parts["reform"] = {
             k.removeprefix("reform_"): v

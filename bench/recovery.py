@@ -224,8 +224,10 @@ def report_join(r: dict[str, Any]) -> None:
         warm = parts.get("warm_parts") or {}
         reform = parts.get("reform") or {}
         log("join, by part (ours):")
-        log(f"  node start until Ray lists it      {_fmt(parts.get('node_start_s'), '.2f')} s")
-        log(f"  listed -> seen by the probe         {_fmt(parts.get('probe_sees_s'), '.2f')} s")
+        log(
+            f"  node start -> seen by the controller {_fmt(parts.get('start_to_seen_s'), '.2f')} s"
+            f" (add() returned after {_fmt(parts.get('node_start_s'), '.2f')} s)"
+        )
         log(f"  seen -> switch decided              {_fmt(parts.get('decide_s'), '.2f')} s"
             f"  ({parts.get('switch_rule', '')})")  # fmt: skip
         log(
@@ -247,8 +249,8 @@ def report_join(r: dict[str, Any]) -> None:
         log(f"  first step of the new plan          {_fmt(parts.get('first_step_s'), '.2f')} s")
         log(
             f"switch (training paused) -> first step of the new plan: "
-            f"{_fmt(parts.get('switch_to_step_s'), '.2f')} s  (target <= 2 s); listed node -> "
-            f"first step {_fmt(parts.get('registered_to_step_s'), '.2f')} s"
+            f"{_fmt(parts.get('switch_to_step_s'), '.2f')} s  (target <= 2 s); node seen -> "
+            f"first step {_fmt(parts.get('seen_to_step_s'), '.2f')} s"
         )
     if "drain_to_action_s" in r:
         log(
