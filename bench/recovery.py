@@ -22,6 +22,11 @@ first step <= 2 s, join -> first step of the new plan <= 2 s, 0 steps lost when 
 state; the state each change of plan moved is printed (surviving actors keep theirs). Nothing
 passes or fails; the figures go to docs/benchmarks.md.
 
+Ours also splits the join into its parts (the node starting, the probe seeing it, the switch
+decision, the joiner's warm-up while training goes on, the switch itself) and, once the new plan
+runs, posts a preemption notice for a worker's node during a step (as ``POST /v1/node-events``
+does): the seconds from the notice to the evacuation decided and to the first step without it.
+
 A third part, ours only (Ray Train has no notion of a slow worker): on a fresh cluster of the
 same nodes, one worker's node is throttled ``--straggler-factor`` times slower mid-run (the
 controller actor's ``emulate_slowdown``: emulated, standing in for thermal throttling), then
@@ -31,6 +36,7 @@ same for the plan that gives the node its work back.
 
 Run: .venv/bin/python bench/recovery.py [--nodes 3] [--skip-tuned] [--ours-only]
      .venv/bin/python bench/recovery.py --straggler-only   (the straggler part alone)
+     .venv/bin/python bench/recovery.py --join-only        (ours: join and drain, no crash)
 """
 
 from __future__ import annotations
@@ -156,7 +162,7 @@ def ours(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     try:
         cluster, job_file = _profiled_cluster(args, work)
         return run_ours(
-            cluster, job_file, crash_at_step=args.crash_at,
+            cluster, job_file, crash_at_step=None if args.join_only else args.crash_at,
             steps_before_join=args.steps_before_join, join_kind=KIND, limit_s=LIMIT_S, log=log,
         )  # fmt: skip
     finally:
@@ -207,7 +213,55 @@ def report(results: dict[str, dict[str, Any]]) -> None:
         log(f"recovery time ours: {mine:.1f} s  (target <= 2 s)")
     join = results["ours"].get("join_to_step_s")
     if join:
-        log(f"join -> first step of the new plan, ours: {join:.1f} s  (target <= 2 s)")
+        log(f"join -> first step of the new plan, ours: {join:.1f} s from starting the node")
+    report_join(results["ours"])
+
+
+def report_join(r: dict[str, Any]) -> None:
+    """Where the join's time went, and the drain's reaction (ours)."""
+    parts = r.get("join_parts")
+    if parts:
+        warm = parts.get("warm_parts") or {}
+        reform = parts.get("reform") or {}
+        log("join, by part (ours):")
+        log(
+            f"  node start -> seen by the controller {_fmt(parts.get('start_to_seen_s'), '.2f')} s"
+            f" (add() returned after {_fmt(parts.get('node_start_s'), '.2f')} s)"
+        )
+        log(f"  seen -> switch decided              {_fmt(parts.get('decide_s'), '.2f')} s"
+            f"  ({parts.get('switch_rule', '')})")  # fmt: skip
+        log(
+            f"  joiner warm-up, training goes on    {_fmt(parts.get('warm_s'), '.2f')} s "
+            f"(actor start {_fmt(warm.get('start_s'), '.2f')}, import torch "
+            f"{_fmt(warm.get('import_s'), '.2f')}, engine built {_fmt(warm.get('build_s'), '.2f')}"
+            f"; {parts.get('steps_while_warming', 'n/a')} steps trained meanwhile)"
+        )
+        log(
+            "  switch: warm -> launched            "
+            f"{_fmt(parts.get('switch_to_launched_s'), '.2f')} s (re-formation: place/start "
+            f"{_fmt(reform.get('place_and_start_s'), '.2f')}, "
+            f"exports {_fmt(reform.get('exports_s'), '.2f')}, rendezvous and load "
+            f"{_fmt(reform.get('join_s'), '.2f')} [engine {_fmt(reform.get('build_s'), '.2f')}, "
+            f"layers in {_fmt(reform.get('load_s'), '.2f')}, process group "
+            f"{_fmt(reform.get('rendezvous_s'), '.2f')}]; actors started at the switch: "
+            f"{parts.get('actors_started_at_switch')}, pre-warmed: {parts.get('actors_warm')})"
+        )
+        log(f"  first step of the new plan          {_fmt(parts.get('first_step_s'), '.2f')} s")
+        log(
+            f"switch (training paused) -> first step of the new plan: "
+            f"{_fmt(parts.get('switch_to_step_s'), '.2f')} s  (target <= 2 s); node seen -> "
+            f"first step {_fmt(parts.get('seen_to_step_s'), '.2f')} s"
+        )
+    if "drain_to_action_s" in r:
+        log(
+            f"drain (posted preemption notice) -> evacuation decided: "
+            f"{_fmt(r['drain_to_action_s'], '.3f')} s (steps of "
+            f"{_fmt(r.get('step_s_at_drain'), '.3f')} s; the step in flight finishes first); "
+            "-> first step without the node "
+            f"{_fmt(r.get('drain_to_step_s'), '.2f')} s; {r.get('drain_moved', '')}"
+        )
+    elif "drain_note" in r:
+        log(f"drain: {r['drain_note']}")
 
 
 def report_straggler(r: dict[str, Any]) -> None:
@@ -248,8 +302,15 @@ def main() -> None:
     parser.add_argument(
         "--straggler-only", action="store_true", help="only the throttled-node part (ours)"
     )
+    parser.add_argument(
+        "--join-only",
+        action="store_true",
+        help="ours only, no crash and no straggler part: the join's parts and a posted drain",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    if args.join_only:
+        args.ours_only = args.skip_straggler = True
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="recovery-bench-") as tmp:
         work = Path(tmp)
@@ -274,6 +335,8 @@ def main() -> None:
                 results["Ray Train v2 (start timeout 10 s)"] = raytrain(
                     args, work / "rt-tuned", {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
                 )
+    if args.json:  # first: the figures survive a report that fails
+        args.json.write_text(json.dumps(results, indent=2, default=str))
     straggled = results.pop("straggler", None)
     report(results)
     if straggled is not None:

@@ -53,6 +53,8 @@ class EventKind(StrEnum):
     STRAGGLER = "straggler"
     STEP_SKIPPED = "step_skipped"  # fp16 overflow: the update was dropped, the step runs again
     SPEEDUP = "speedup"
+    WARMING = "warming"  # a switch's new workers start and warm up while the plan trains
+    WARM_READY = "warm_ready"  # they are ready: the switch happens at this step boundary
     FINISHED = "finished"
     FAILED = "failed"
 

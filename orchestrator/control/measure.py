@@ -3,7 +3,10 @@
 The calibration is measured / predicted step time over the first healthy steps after a launch
 (the warm-up step left out); it scales a candidate plan's prediction in the switch rule. The
 switch cost is how long a switch kept the run from training: from the moment the controller began
-the switch to the end of the new plan's first step, less one expected step.
+the switch to the end of the new plan's first step, less one expected step. Switches that kept
+every worker (re-formed in place, joiners warmed beforehand) and launches that started workers
+are told apart: once one of the first kind was measured, the estimate is their mean, since a
+warmed join pays only that kind; before, it is the mean of all.
 """
 
 from __future__ import annotations
@@ -61,7 +64,9 @@ class SwitchCostMeter:
 
     initial_estimate_s: float
     observations_s: list[float] = field(default_factory=list)
+    in_place_s: list[float] = field(default_factory=list)  # those that started no worker
     _began_s: float | None = None
+    _in_place: bool = False
 
     def begin(self, now_s: float) -> None:
         """A switch (or the first launch) started at ``now_s``; first call wins until finished."""
@@ -71,17 +76,26 @@ class SwitchCostMeter:
     def cancel(self) -> None:
         self._began_s = None
 
+    def launched(self, *, in_place: bool) -> None:
+        """The switch being measured kept every worker (``in_place``) or started some."""
+        self._in_place = in_place
+
     def first_step_done(self, now_s: float, expected_step_s: float) -> float | None:
         """The new plan's first step ended at ``now_s``; returns the cost it measured."""
         if self._began_s is None:
             return None
         cost_s = max(0.0, now_s - self._began_s - expected_step_s)
         self.observations_s.append(cost_s)
-        self._began_s = None
+        if self._in_place:
+            self.in_place_s.append(cost_s)
+        self._began_s, self._in_place = None, False
         return cost_s
 
     @property
     def estimate_s(self) -> float:
+        """Mean of the in-place switches measured, else of all, else the configured guess."""
+        if self.in_place_s:
+            return statistics.fmean(self.in_place_s)
         if not self.observations_s:
             return self.initial_estimate_s
         return statistics.fmean(self.observations_s)

@@ -53,7 +53,12 @@ class PlanProposal:
 
 @runtime_checkable
 class ClusterProbe(Protocol):
-    """Reads the cluster: about once a second in the running state."""
+    """Reads the cluster: about once a second in the running state.
+
+    A probe may also offer ``take_news() -> bool``: True (once) when a node event was posted
+    since the last call; the controller then polls at the next step boundary instead of
+    waiting for the poll interval (a drain is acted on within a step, not a poll period).
+    """
 
     def snapshot(self) -> ClusterSnapshot:
         """Alive and draining nodes now; may raise :class:`TransientError` (retried)."""
@@ -94,6 +99,33 @@ class WorkerGroupPort(Protocol):
 
     def stop(self) -> None:
         """Stop every worker; idempotent, never raises for workers already dead."""
+        ...
+
+
+@dataclass(frozen=True)
+class WarmStatus:
+    """Whether the new workers of a candidate plan are warm: ``warming``, ``ready`` or
+    ``failed`` (``detail`` says why); ``seconds``: where the slowest one's warm-up went."""
+
+    state: str
+    detail: str = ""
+    seconds: Mapping[str, float] | None = None
+
+
+@runtime_checkable
+class PreparesWorkers(Protocol):
+    """A worker port that can start a candidate plan's new workers (a joined node's) and warm
+    them (process, imports, model built) while the current plan keeps training, so that the
+    switch at a step boundary pays only for re-forming the group and the moved layers.
+    Optional: the controller switches at once with a port that lacks it."""
+
+    def prepare(self, plan: Plan) -> int:
+        """Start warming the workers ``plan`` needs that the running group lacks; how many
+        (0: none needed). Never waits for them."""
+        ...
+
+    def prepared(self, plan: Plan) -> WarmStatus:
+        """Whether they are ready; never blocks."""
         ...
 
 

@@ -1,10 +1,13 @@
 """The controller's RUNNING, RECOVERING and RESIZING states, and the decisions taken in them.
 
-RUNNING polls the cluster about once a ``poll_interval_s``; between polls it runs one training
-step per :meth:`Controller.step`. A lost node that hosts workers is a failure even before a step
+RUNNING polls the cluster about once a ``poll_interval_s``, and at the next step boundary after
+a node event was posted (``take_news`` on the probe); between polls it runs one training step
+per :meth:`Controller.step`. A lost node that hosts workers is a failure even before a step
 notices; a preemption notice starts an evacuation; a join (or a straggler found in the step
-timings) asks the planner for a candidate and applies the switch rule. Each handler returns the
-next state.
+timings) asks the planner for a candidate and applies the switch rule. When the switch pays and
+the worker port can warm the candidate's new workers (``prepare``), training goes on under the
+current plan until they are ready (``RunningState.pending``), and the switch happens at the
+first step boundary after that. Each handler returns the next state.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import replace
 from orchestrator.control import classified
 from orchestrator.control.context import RunContext
 from orchestrator.control.events import EventKind, PlanReason
-from orchestrator.control.ports import WorkerLost
+from orchestrator.control.ports import WarmStatus, WorkerLost
 from orchestrator.control.recovery import (
     RestoreKind,
     RestoreSource,
@@ -23,6 +26,7 @@ from orchestrator.control.recovery import (
 from orchestrator.control.states import (
     ControllerState,
     LaunchingState,
+    PendingSwitch,
     PlanningState,
     RecoveringState,
     ResizingState,
@@ -45,12 +49,22 @@ def stage_ranks(plan: Plan) -> dict[tuple[int, int], int]:
 # -- RUNNING -----------------------------------------------------------------------------------
 
 
+# How long a switch waits for its new workers to warm up before it goes ahead without them (the
+# re-formation then starts what is missing itself).
+WARM_TIMEOUT_S = 120.0
+
+
 def run_one(ctx: RunContext, s: RunningState) -> ControllerState:
-    """Poll when due and react; otherwise run one training step."""
+    """Switch when a pending switch's workers are warm; poll when due (or when a node event was
+    posted) and react; otherwise run one training step."""
     led = ctx.ledger
     if led.next_step >= ctx.config.total_steps:
         return ctx.finish()
-    if ctx.now_s() - led.last_poll_s >= ctx.config.poll_interval_s:
+    if s.pending is not None:
+        after = _pending_switch(ctx, s, s.pending)
+        if after is not s:
+            return after
+    if ctx.now_s() - led.last_poll_s >= ctx.config.poll_interval_s or _news(ctx):
         try:
             snap, diff = ctx.poll()
         except TransientError as exc:
@@ -82,6 +96,50 @@ def run_one(ctx: RunContext, s: RunningState) -> ControllerState:
     if sped_up:
         return _on_speedups(ctx, s, sped_up) or s
     return s
+
+
+def _news(ctx: RunContext) -> bool:
+    """Whether a node event was posted since the last look (probes that can tell)."""
+    take = getattr(ctx.probe, "take_news", None)
+    return bool(take()) if take is not None else False
+
+
+def _pending_switch(ctx: RunContext, s: RunningState, p: PendingSwitch) -> ControllerState:
+    """RESIZING once the pending switch's new workers are warm (or the wait timed out); the
+    state without it when they failed; ``s`` itself while they warm (train on)."""
+    status: WarmStatus = ctx.workers.prepared(p.proposal.plan)  # type: ignore[attr-defined]
+    waited_s = ctx.now_s() - p.since_s
+    if status.state == "warming" and waited_s < WARM_TIMEOUT_S and ctx.now_s() < p.switch_by_s:
+        return s
+    if status.state == "failed" and p.evacuate_nodes:  # evacuate all the same
+        ctx.journal.logger.warning("warming the evacuation's workers failed: %s", status.detail)
+    elif status.state == "failed":
+        ctx.record(
+            EventKind.REPLAN_SKIPPED,
+            f"{p.trigger}: the new plan's workers did not warm up ({status.detail}); "
+            "keeping the current plan",
+            trigger=p.trigger,
+            error=status.detail,
+        )
+        return replace(s, pending=None)
+    seconds = dict(status.seconds or {})
+    ready = status.state == "ready"
+    ctx.record(
+        EventKind.WARM_READY,
+        (
+            f"{p.trigger}: the new plan's workers are warm after {waited_s:.2f} s of training "
+            "on; switching at this step boundary"
+            if ready
+            else f"{p.trigger}: the new plan's workers not warm after {waited_s:.1f} s; "
+            "switching without waiting longer"
+            + (" (the preemption deadline is near)" if ctx.now_s() >= p.switch_by_s else "")
+        ),
+        trigger=p.trigger,
+        warm_s=waited_s,
+        ready=ready,
+        **seconds,
+    )
+    return ResizingState(ctx.now_s(), p.trigger, p.proposal, p.evacuate_nodes)
 
 
 # fp16 halves its loss scale on each overflow; this many in a row (2^16 down to 2^-4) means the
@@ -122,6 +180,16 @@ def _react(
     if lost_ranks:
         error = WorkerLost(lost_ranks, lost, "node lost (seen by the cluster probe)")
         return ctx.on_failure(error, s.name)
+    if s.pending is not None and _plan_nodes(s.pending.proposal.plan) & lost:
+        ctx.record(
+            EventKind.REPLAN_SKIPPED,
+            f"{s.pending.trigger}: a node of the new plan left while its workers warmed up",
+            trigger=s.pending.trigger,
+            nodes=sorted(_plan_nodes(s.pending.proposal.plan) & lost),
+        )
+        s = replace(s, pending=None)
+        if not (diff.joined or diff.changed):
+            return s
     draining = {n: d for n, d in snap.draining.items() if ctx.ranks_on({n})}
     if draining:
         decision = ctx.config.preemption.decide(ctx.now_s(), draining)
@@ -136,28 +204,79 @@ def _react(
             nodes = set(decision.node_ids)
             error = WorkerLost(ctx.ranks_on(nodes), nodes, "preemption deadline passed")
             return ctx.on_failure(error, s.name)
+        leaving = frozenset(decision.node_ids)
+        if s.pending is not None and s.pending.evacuate_nodes >= leaving:
+            return None  # decided at an earlier poll; its workers are warming
         ctx.record(
             EventKind.PREEMPTION_NOTICE,
             f"evacuating {list(decision.node_ids)} before the deadline",
             nodes=list(decision.node_ids),
             slack_s=decision.slack_s,
         )
-        return ResizingState(ctx.now_s(), PlanReason.PREEMPTION, None, frozenset(decision.node_ids))
+        return _evacuate(ctx, s, snap, leaving, decision.slack_s)
     if diff.joined or diff.changed:
         return _consider_switch(ctx, s, snap, PlanReason.JOIN)
     return None
 
 
+def _evacuate(
+    ctx: RunContext,
+    s: RunningState,
+    snap: ClusterSnapshot,
+    nodes: frozenset[str],
+    slack_s: float | None,
+) -> ResizingState | RunningState:
+    """Leave the draining ``nodes``: with a port that can warm workers, plan without them now
+    and, when that plan needs new workers, warm them while training goes on (switching by the
+    deadline, less the expected switch, whether they are warm or not); else RESIZING re-plans."""
+    if getattr(ctx.workers, "prepare", None) is None:
+        return ResizingState(ctx.now_s(), PlanReason.PREEMPTION, None, nodes)
+    try:
+        candidate = ctx.plan_for(snap)  # the usable nodes: the draining ones left out
+    except (InfeasibleError, TransientError):
+        return ResizingState(ctx.now_s(), PlanReason.PREEMPTION, None, nodes)
+    warming = _prepare(ctx, candidate.plan)
+    if not warming:
+        return ResizingState(ctx.now_s(), PlanReason.PREEMPTION, candidate, nodes)
+    led = ctx.ledger
+    # Time left for warming: the slack to the deadline, less the switch and one step.
+    spare_s = (
+        float("inf")
+        if slack_s is None
+        else slack_s - led.switch_cost.estimate_s - led.measurements.current_step_s
+    )
+    ctx.record(
+        EventKind.WARMING,
+        f"{PlanReason.PREEMPTION}: starting {warming} workers of the plan without "
+        f"{sorted(nodes)} while the current plan trains"
+        + (f" (at most {max(0.0, spare_s):.1f} s)" if slack_s is not None else ""),
+        trigger=PlanReason.PREEMPTION,
+        workers=warming,
+        nodes=sorted(nodes),
+    )
+    pending = PendingSwitch(
+        candidate, PlanReason.PREEMPTION, ctx.now_s(), nodes, ctx.now_s() + spare_s
+    )
+    return replace(s, pending=pending)
+
+
+def _plan_nodes(plan: Plan) -> set[str]:
+    return {st.node for rep in plan.replicas for st in rep.stages if st.node is not None}
+
+
 def _consider_switch(
     ctx: RunContext, s: RunningState, snap: ClusterSnapshot, trigger: PlanReason
-) -> ResizingState | None:
-    """Ask the planner for a candidate and apply the switch rule: RESIZING, or None to keep on."""
+) -> ResizingState | RunningState | None:
+    """Ask the planner for a candidate and apply the switch rule: RESIZING; RUNNING with the
+    switch pending while its new workers warm up; or None to keep on (a switch pending from
+    before is dropped then: the cluster changed since it was decided)."""
     led = ctx.ledger
+    keep = replace(s, pending=None) if s.pending is not None else None
     try:
         candidate = ctx.plan_for(snap)
     except (InfeasibleError, TransientError) as exc:
         ctx.record(EventKind.REPLAN_SKIPPED, f"{trigger}: no candidate plan: {exc}", error=str(exc))
-        return None
+        return keep
     if candidate.plan == s.proposal.plan:
         ctx.record(
             EventKind.REPLAN_SKIPPED,
@@ -165,7 +284,7 @@ def _consider_switch(
             trigger=trigger,
             predicted_step_s=candidate.predicted_step_s,
         )
-        return None
+        return keep
     decision = ctx.config.replan.decide(
         trigger=trigger,
         current_step_s=led.measurements.current_step_s,
@@ -174,11 +293,32 @@ def _consider_switch(
         remaining_steps=ctx.config.total_steps - led.next_step,
         switch_cost_s=led.switch_cost.estimate_s,
     )
-    if isinstance(decision, ReplanDecision):
-        ctx.record(EventKind.REPLAN, decision.reason, trigger=trigger, **decision.numbers)
+    if not isinstance(decision, ReplanDecision):
+        ctx.record(EventKind.REPLAN_SKIPPED, decision.reason, trigger=trigger, **decision.numbers)
+        return keep
+    ctx.record(EventKind.REPLAN, decision.reason, trigger=trigger, **decision.numbers)
+    warming = _prepare(ctx, candidate.plan)
+    if not warming:
         return ResizingState(ctx.now_s(), trigger, candidate)
-    ctx.record(EventKind.REPLAN_SKIPPED, decision.reason, trigger=trigger, **decision.numbers)
-    return None
+    ctx.record(
+        EventKind.WARMING,
+        f"{trigger}: starting {warming} workers of the new plan while the current plan trains",
+        trigger=trigger,
+        workers=warming,
+    )
+    return replace(s, pending=PendingSwitch(candidate, trigger, ctx.now_s()))
+
+
+def _prepare(ctx: RunContext, plan: Plan) -> int:
+    """Ask a port that can warm workers to start the plan's new ones; how many it started."""
+    prepare = getattr(ctx.workers, "prepare", None)
+    if prepare is None:
+        return 0
+    try:
+        return int(prepare(plan))
+    except Exception as exc:  # warming is an optimisation: the switch's re-formation judges it
+        ctx.journal.logger.warning("warming the new plan's workers failed: %s", exc)
+        return 0
 
 
 def _calibration_now(ctx: RunContext, s: RunningState, snap: ClusterSnapshot) -> float:
@@ -216,7 +356,7 @@ def _pinned(ctx: RunContext, plan: Plan) -> Plan:
 
 def _on_stragglers(
     ctx: RunContext, s: RunningState, found: list[Straggler]
-) -> ResizingState | None:
+) -> ResizingState | RunningState | None:
     led = ctx.ledger
     ranks = stage_ranks(s.proposal.plan)
     placement = ctx.workers.placement()
@@ -264,7 +404,9 @@ def _speedups(ctx: RunContext, s: RunningState) -> list[Speedup]:
     return ctx.ledger.stragglers.speedups(keys)
 
 
-def _on_speedups(ctx: RunContext, s: RunningState, found: list[Speedup]) -> ResizingState | None:
+def _on_speedups(
+    ctx: RunContext, s: RunningState, found: list[Speedup]
+) -> ResizingState | RunningState | None:
     """A node planned as slow runs faster again: lower (or drop) its measured slowdown and ask
     for a plan that gives it work back, under the same switch rule."""
     led = ctx.ledger

@@ -133,6 +133,7 @@ def launch(ctx: RunContext, s: LaunchingState) -> ControllerState:
     )
     led.stragglers = new_detector(ctx, s.proposal)
     moved = getattr(ctx.workers, "last_reform", None)  # set by ports that keep survivors
+    led.switch_cost.launched(in_place=moved is not None and moved.actors_started == 0)
     ctx.record(
         EventKind.PLAN_CHOSEN,
         f"plan launched ({s.reason}) at step {restore.resume_step}, restored from "
@@ -141,6 +142,9 @@ def launch(ctx: RunContext, s: LaunchingState) -> ControllerState:
         + (f"; re-formed in place: {moved.line()}" if moved is not None else ""),
         reason=s.reason,
         bytes_moved=getattr(moved, "bytes_moved", None),
+        actors_started=getattr(moved, "actors_started", None),
+        actors_warm=getattr(moved, "actors_warm", None),
+        **{f"reform_{k}": float(v) for k, v in (getattr(moved, "seconds", None) or {}).items()},
         **restore.summary(),
     )
     p = s.proposal

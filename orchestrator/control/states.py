@@ -47,11 +47,24 @@ class LaunchingState:
 
 
 @dataclass(frozen=True)
+class PendingSwitch:
+    """A switch the rule decided whose new workers are warming while the current plan trains;
+    the switch happens at the first step boundary after they are ready."""
+
+    proposal: PlanProposal
+    trigger: PlanReason
+    since_s: float
+    evacuate_nodes: frozenset[str] = frozenset()  # a preemption's draining nodes
+    switch_by_s: float = float("inf")  # switch then even if not warm (a preemption deadline)
+
+
+@dataclass(frozen=True)
 class RunningState:
     name: ClassVar[ControllerStateName] = ControllerStateName.RUNNING
     since_s: float
     reason: PlanReason  # why this plan is running
     proposal: PlanProposal
+    pending: PendingSwitch | None = None
 
 
 @dataclass(frozen=True)

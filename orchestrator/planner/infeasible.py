@@ -99,9 +99,7 @@ def explain(tables: CostTables, infos: dict[str, TypeInfo]) -> str:
     return _depth_or_in_flight(tables, infos, mbs, have)
 
 
-def _depth_or_in_flight(
-    tables: CostTables, infos: dict[str, TypeInfo], mbs: int, have: str
-) -> str:
+def _depth_or_in_flight(tables: CostTables, infos: dict[str, TypeInfo], mbs: int, have: str) -> str:
     """The bound is met: name the pipeline depth or the microbatches in flight."""
     cap_stages = tables.training.max_pipeline_stages
     # The type with the most memory per device is the one that needs the fewest stages.

@@ -16,6 +16,10 @@ actor. A restore of kind REPLICAS whose ``states`` are empty means "the state is
 at the last committed step". From a checkpoint, the survivors stay and every rank loads the
 checkpoint's layers (a model mixing steps is not a model). Only the first launch, or one after
 the group was stopped, starts every actor fresh.
+
+Joins are warmed (:meth:`RayWorkerGroupPort.prepare`, :meth:`RayWorkerGroupPort.prepared`):
+the controller asks for the candidate plan's new actors while the current plan trains and
+switches once they are ready (``survivors.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.control.ports import CheckpointStore, WorkerLost
+from orchestrator.control.ports import CheckpointStore, WarmStatus, WorkerLost
 from orchestrator.control.recovery import LayerState, RestoreKind, RestoreSource
 from orchestrator.runtime.actor import WorkerJob
 from orchestrator.runtime.elastic.survivors import ElasticWorkerGroup, ReformReport
@@ -169,12 +173,40 @@ class RayWorkerGroupPort:
         except Exception as exc:  # the actors or their nodes may be gone already
             log.warning("stopping the worker group: %s", exc)
 
+    def prepare(self, plan: Plan) -> int:
+        """Start and warm the workers ``plan`` needs that the running group lacks (joiners),
+        while the current plan trains; how many are warming (0: the switch needs none)."""
+        group = self._group
+        if group is None or not group.workers:
+            return 0
+        try:
+            return group.prepare(plan)
+        except WorkerLost as exc:
+            raise self._lost(exc) from None
+
+    def prepared(self, plan: Plan) -> WarmStatus:
+        """Whether the workers :meth:`prepare` started for ``plan`` are warm (never blocks)."""
+        group = self._group
+        if group is None:
+            return WarmStatus("failed", "the worker group is gone")
+        try:
+            return group.prepared(plan)
+        except Exception as exc:  # the GCS busy, say: the switch goes ahead without them
+            return WarmStatus("failed", f"{type(exc).__name__}: {exc}")
+
     def abandon_on(self, node_id: str, posted_at_s: float) -> None:
         """A posted event reports ``node_id`` lost: a step in flight with a rank there is
         abandoned at once (never committed) and the controller recovers as from any loss."""
         group = self._group
         if group is not None:
             group.abandon_on(node_id, posted_at_s)
+
+    def drain_on(self, node_id: str, deadline_s: float | None, posted_at_s: float) -> None:
+        """A posted preemption notice for ``node_id``: a step in flight there that would end
+        after the deadline is abandoned at once; otherwise it finishes (docs/controller.md)."""
+        group = self._group
+        if group is not None:
+            group.drain_on(node_id, deadline_s, posted_at_s)
 
     def set_throttle(self, node_id: str, factor: float) -> list[int]:
         """Emulate a change of speed on a running node: its workers run ``factor`` times slower

@@ -14,7 +14,9 @@ controller calls it about once a second):
   removed node leaves the snapshot at once; a preemption / spot-termination / cordon notice makes
   it draining with the posted deadline. Events name a node by Ray node id (or a unique prefix of at
   least 8 characters), host name, or the value of an ``orchestrator.io/node-name`` or
-  ``kubernetes.io/hostname`` label.
+  ``kubernetes.io/hostname`` label. A posted event also wakes the controller
+  (:meth:`RayClusterProbe.take_news`): it polls at its next step boundary instead of at the next
+  poll period.
 
 ``node_selector`` restricts the run to nodes carrying the given labels (a pool of the cluster).
 Deadlines are wall-clock seconds, the timebase of :class:`~orchestrator.control.ports.SystemClock`.
@@ -88,6 +90,14 @@ class RayClusterProbe:
         # Told (node id, wall time posted) of each posted loss at once, beside the snapshots:
         # the worker group abandons a step in flight on that node (docs/controller.md).
         self.on_lost: Callable[[str, float], None] | None = None
+        # Told (node id, deadline, wall time posted) of each posted preemption notice at once:
+        # a step in flight there that would outlast the deadline is abandoned.
+        self.on_drain: Callable[[str, float | None, float], None] | None = None
+        # Set by every posted event, taken by the controller at its next step boundary
+        # (``take_news``): it polls then rather than at the next poll period, so a drain is
+        # acted on within the step in flight.
+        self._news = threading.Event()
+        self.last_posted: tuple[str, str, float] | None = None  # (node, event, wall time)
 
     def post_node_event(self, node: str, event: str, deadline_s: float | None = None) -> None:
         """Merge an event posted from outside Ray into the following snapshots (thread-safe).
@@ -100,15 +110,31 @@ class RayClusterProbe:
                 self._posted[node] = PostedEvent(node, event, deadline_s)
             else:
                 self._posted.pop(node, None)
-        listener = self.on_lost
-        if event in LOST_EVENTS and listener is not None:
-            try:
-                node_id = _resolve(node, _names_by_node_id(self._rows()))
-            except Exception as exc:  # the GCS busy: the next snapshot still drops the node
-                log.warning("node event for %s not resolved at once: %s", node, exc)
-                return
-            if node_id is not None:
-                listener(node_id, posted_at_s)
+            self.last_posted = (node, event, posted_at_s)
+        self._news.set()
+        lost, drain = self.on_lost, self.on_drain
+        lost = lost if event in LOST_EVENTS else None
+        drain = drain if event in DRAIN_EVENTS else None
+        if lost is None and drain is None:
+            return
+        try:
+            node_id = _resolve(node, _names_by_node_id(self._rows()))
+        except Exception as exc:  # the GCS busy: the next snapshot still has the event
+            log.warning("node event for %s not resolved at once: %s", node, exc)
+            return
+        if node_id is None:
+            return
+        if lost is not None:
+            lost(node_id, posted_at_s)
+        if drain is not None:
+            drain(node_id, deadline_s, posted_at_s)
+
+    def take_news(self) -> bool:
+        """True once after any event was posted (the controller then polls at once)."""
+        if not self._news.is_set():
+            return False
+        self._news.clear()
+        return True
 
     def snapshot(self) -> ClusterSnapshot:
         try:

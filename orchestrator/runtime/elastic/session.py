@@ -326,6 +326,7 @@ def build_session(
     )
     workers = RayWorkerGroupPort(spec.worker_job, store, options)
     probe.on_lost = workers.abandon_on  # a posted loss ends the step in flight, not the next poll
+    probe.on_drain = workers.drain_on  # a deadline before the step in flight ends abandons it
     planner = _planner(spec, job, job_file)
     telemetry = _telemetry(job, spec.metrics_port, probe) if serve else None
     callbacks: list[ControllerCallback] = [progress, *extra_callbacks]

@@ -19,8 +19,17 @@ needs one new one-bundle group, not a whole new gang.
 4. Every actor of the new plan destroys its process group and joins a new rendezvous (new store
    address, new world size, new rank map), keeping its layers in memory.
 
-The figures of the last reform (bytes moved, layers kept, actors kept / started) are in
+The figures of the last reform (bytes moved, layers kept, actors kept / warm / started) are in
 :attr:`ElasticWorkerGroup.last_reform`.
+
+Joins are warmed before the switch (:meth:`ElasticWorkerGroup.prepare`): for each rank of a
+candidate plan that no running actor would take (a rank pinned to a new node), a one-bundle
+placement group and an actor are created at once, without waiting, and the actor imports torch
+and builds that rank's engine (``ElasticWorker.warm``) while the current plan keeps training.
+:meth:`ElasticWorkerGroup.prepared` says, without blocking, whether they are ready; the
+controller switches at the next step boundary after that, and :meth:`reform` adopts the warm
+actors instead of starting new ones, so the switch pays only the rendezvous and the moved layers.
+Warm actors that a reform does not use are stopped.
 """
 
 from __future__ import annotations
@@ -29,13 +38,13 @@ import contextlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.control.ports import WorkerLost
+from orchestrator.control.ports import WarmStatus, WorkerLost
 from orchestrator.runtime.discovery import discover_nodes, emulated_reference_speed, slowdown_factor
 from orchestrator.runtime.elastic.worker import ElasticWorkerActor
 from orchestrator.runtime.group import WorkerGroup, WorkerInfo
@@ -47,6 +56,7 @@ from orchestrator.runtime.placement import (
     slots_for_plan,
 )
 from orchestrator.runtime.validation import validate_model_for_plan, validate_plan_for_cluster
+from orchestrator.spec.labels import NODE_ID_LABEL
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import StepReport
 from orchestrator.worker.topology import (
@@ -65,21 +75,40 @@ POSTED_POLL_S = 0.02
 
 @dataclass(frozen=True)
 class ReformReport:
-    """What one change of plan moved and kept."""
+    """What one change of plan moved and kept, and where its time went."""
 
     bytes_moved: int  # layer state that changed owner (or came from the checkpoint)
     layers_moved: int
     layers_kept: int
     actors_kept: int
-    actors_started: int
+    actors_started: int  # started during the switch (placement, process, import, engine)
     duration_s: float
+    actors_warm: int = 0  # started and warmed before the switch (``prepare``), adopted here
+    # Seconds of the switch by part: exports, placement and starting actors, the slowest
+    # actor's engine build, layer load and rendezvous.
+    seconds: Mapping[str, float] | None = None
 
     def line(self) -> str:
+        warm = f", {self.actors_warm} pre-warmed" if self.actors_warm else ""
         return (
-            f"{self.actors_kept} actors kept, {self.actors_started} started; "
+            f"{self.actors_kept} actors kept{warm}, {self.actors_started} started; "
             f"{self.layers_kept} layers kept in place, {self.layers_moved} moved "
             f"({self.bytes_moved / 1e6:.2f} MB) in {self.duration_s:.2f} s"
         )
+
+
+@dataclass
+class _Warm:
+    """An actor started for a rank of a candidate plan before the switch."""
+
+    actor: Any
+    placed: PlacedGroup  # created, maybe not ready yet
+    info: WorkerInfo
+    uses_gpus: bool
+    target: tuple[str, int]  # (plan json, rank) it is warming for
+    ref: Any  # its latest warm() call
+    asked_unix_s: float  # when the actor was asked for (its warm-up counts from there)
+    result: dict[str, Any] | None = None
 
 
 class ElasticWorkerGroup(WorkerGroup):
@@ -99,6 +128,11 @@ class ElasticWorkerGroup(WorkerGroup):
         self._posted_lock = threading.Lock()
         self.last_abandon: tuple[str, float] | None = None  # (node, event -> abandon seconds)
         self._formed_at_s = 0.0  # wall time the current plan's group was formed
+        self._warm: list[_Warm] = []  # joiners started ahead of a switch (prepare)
+        # Posted preemption notices: node -> (deadline, wall time posted) (see drain_on).
+        self._posted_drain: dict[str, tuple[float, float]] = {}
+        self._last_step_s = 0.0  # the last step's duration: how long the next one should take
+        self._step_ends_s = 0.0  # wall time the step in flight should end
 
     # -- launching ------------------------------------------------------------
 
@@ -142,6 +176,7 @@ class ElasticWorkerGroup(WorkerGroup):
         pgs, self._pgs = self._pgs, []
         for placed in pgs:
             _remove(placed)
+        self.drop_warm()
 
     # -- changing plan in place --------------------------------------------------------------
 
@@ -194,11 +229,19 @@ class ElasticWorkerGroup(WorkerGroup):
             self._drop(old)
         unused &= alive
         missing = [spec.rank for spec in new_ranks if spec.rank not in chosen]
-        fresh_pgs = place_each([requests[r] for r in missing], self.options.placement_timeout_s)
         plan_json = plan.model_dump_json()
         actors: list[Any] = [None] * len(new_ranks)
         workers: list[WorkerInfo | None] = [None] * len(new_ranks)
         pgs: list[PlacedGroup | None] = [None] * len(new_ranks)
+        # Ranks a warm joiner was started for take it; only the others start actors now.
+        warm = self._claim_warm(missing, requests)
+        for new, w in warm.items():
+            actors[new], pgs[new] = w.actor, w.placed
+            workers[new] = replace(w.info, rank=new, device_type=new_ranks[new].device_type)
+        self.drop_warm()  # joiners this plan does not use
+        missing = [r for r in missing if r not in warm]
+        placed_s = time.perf_counter()
+        fresh_pgs = place_each([requests[r] for r in missing], self.options.placement_timeout_s)
         for new, old in chosen.items():
             actors[new], pgs[new] = self._actors[old], self._pgs[old]
             w = self.workers[old]
@@ -213,6 +256,8 @@ class ElasticWorkerGroup(WorkerGroup):
         for new, placed in zip(missing, fresh_pgs, strict=True):
             actors[new], workers[new] = self._spawn(new_ranks[new], placed, plan_json)
             pgs[new] = placed
+        placed_s = time.perf_counter() - placed_s
+        exports_s = time.perf_counter()
         # Who sends what: each layer from a survivor holding it, exported before anyone re-forms.
         incoming: list[list[Any]] = [[] for _ in new_ranks]
         keep = [False] * len(new_ranks)
@@ -244,6 +289,7 @@ class ElasticWorkerGroup(WorkerGroup):
             for spec in new_ranks:
                 incoming[spec.rank] = [put[layer] for layer in spec.layer_indices]
                 layers_moved += len(spec.layer_indices)
+        exports_s = time.perf_counter() - exports_s
         for old in sorted(unused):
             self._drop(old)
         self._actors = actors
@@ -251,8 +297,14 @@ class ElasticWorkerGroup(WorkerGroup):
         self._pgs = [p for p in pgs if p is not None]
         self.plan, self.ranks = plan, new_ranks
         # Settled above, or (from the checkpoint) not needed: every pending update is dropped.
+        join_s = time.perf_counter()
         infos = self._join(plan_json, keep, incoming, committed_steps if keep_state else 0)
+        join_s = time.perf_counter() - join_s
         self.next_step = start_step
+        slowest = {
+            part: max(float(i.get(part, 0.0)) for i in infos.values())
+            for part in ("build_s", "load_s", "rendezvous_s")
+        }
         self.last_reform = ReformReport(
             bytes_moved=sum(int(i["bytes_in"]) for i in infos.values()),
             layers_moved=layers_moved,
@@ -260,8 +312,124 @@ class ElasticWorkerGroup(WorkerGroup):
             actors_kept=len(chosen),
             actors_started=len(missing),
             duration_s=time.perf_counter() - started_s,
+            actors_warm=len(warm),
+            seconds={
+                "place_and_start_s": placed_s,
+                "exports_s": exports_s,
+                "join_s": join_s,
+                **slowest,
+            },
         )
         return self.last_reform
+
+    # -- joiners warmed ahead of a switch ----------------------------------------------------
+
+    def prepare(self, plan: Plan) -> int:
+        """Start and warm the actors ``plan`` would need that no running actor would take
+        (ranks pinned to nodes without one); returns how many are warming for it. Does not
+        wait: :meth:`prepared` says when they are ready."""
+        assert self.plan is not None, "prepare() before launch()"
+        validate_model_for_plan(self.job, plan)
+        self._nodes = discover_nodes()
+        new_ranks = ranks_for_plan(plan)
+        requests = bundle_requests(slots_for_plan(plan), self._nodes)
+        alive = set(range(len(self._actors)))
+        held = {r: whole_layers(self.plan, r) for r in alive}
+        chosen = _assign(new_ranks, requests, self._nodes, alive, self.workers, held)
+        plan_json = plan.model_dump_json()
+        pool, self._warm = self._warm, []
+        for spec in new_ranks:
+            request = requests[spec.rank]
+            pin = request.label_selector.get(NODE_ID_LABEL)
+            if spec.rank in chosen or pin is None:
+                continue
+            w = next(
+                (w for w in pool if w.info.node_id == pin and w.uses_gpus == request.uses_gpus),
+                None,
+            )
+            if w is None:
+                w = self._start_warm(spec, request, pin, plan_json)
+            else:
+                pool.remove(w)
+                if w.target != (plan_json, spec.rank):  # warm it again for this plan's rank
+                    w.target, w.result = (plan_json, spec.rank), None
+                    w.ref = w.actor.warm.remote(plan_json, spec.rank)
+            self._warm.append(w)
+        for w in pool:  # warm for an earlier candidate, on a node this one does not use
+            self._stop_warm(w)
+        return sum(1 for w in self._warm if w.target[0] == plan_json)
+
+    def prepared(self, plan: Plan) -> WarmStatus:
+        """Whether every actor :meth:`prepare` started for ``plan`` is warm (never blocks)."""
+        plan_json = plan.model_dump_json()
+        mine = [w for w in self._warm if w.target[0] == plan_json]
+        waiting = [w for w in mine if w.result is None]
+        if waiting:
+            ready, _ = ray.wait([w.ref for w in waiting], num_returns=len(waiting), timeout=0)
+            done = set(ready)
+            for w in waiting:
+                if w.ref not in done:
+                    continue
+                try:
+                    w.result = ray.get(w.ref, timeout=0)
+                except Exception as exc:  # its node went, or the engine could not be built
+                    self._warm.remove(w)
+                    self._stop_warm(w)
+                    return WarmStatus(
+                        "failed", f"warming rank {w.target[1]} on {w.info.node_id}: {exc}"
+                    )
+        if any(w.result is None for w in mine):
+            return WarmStatus("warming")
+        return WarmStatus("ready", seconds=_warm_seconds(mine))
+
+    def drop_warm(self) -> None:
+        """Stop the warm actors no plan has taken."""
+        pool, self._warm = self._warm, []
+        for w in pool:
+            self._stop_warm(w)
+
+    def _start_warm(
+        self, spec: RankSpec, request: BundleRequest, node_id: str, plan_json: str
+    ) -> _Warm:
+        from ray.util.placement_group import placement_group
+
+        asked_unix_s = time.time()
+        pg = placement_group(
+            [dict(request.resources)],
+            strategy="PACK",
+            bundle_label_selector=[dict(request.label_selector)],
+        )
+        placed = PlacedGroup(pg, (node_id,), (request,))
+        actor, info = self._spawn(spec, placed, plan_json)  # scheduled once the group is ready
+        ref = actor.warm.remote(plan_json, spec.rank)
+        return _Warm(
+            actor, placed, info, request.uses_gpus, (plan_json, spec.rank), ref, asked_unix_s
+        )
+
+    def _stop_warm(self, w: _Warm) -> None:
+        with contextlib.suppress(Exception):  # already dead
+            ray.kill(w.actor, no_restart=True)
+        _remove(w.placed)
+
+    def _claim_warm(
+        self, missing: Sequence[int], requests: Sequence[BundleRequest]
+    ) -> dict[int, _Warm]:
+        """New rank -> the warm actor it takes: one on its pinned node (a warm actor of an
+        earlier candidate builds this rank's engine during the rendezvous instead)."""
+        pool = list(self._warm)
+        out: dict[int, _Warm] = {}
+        for rank in missing:
+            request = requests[rank]
+            pin = request.label_selector.get(NODE_ID_LABEL)
+            w = next(
+                (w for w in pool if w.info.node_id == pin and w.uses_gpus == request.uses_gpus),
+                None,
+            )
+            if w is not None:
+                pool.remove(w)
+                out[rank] = w
+        self._warm = pool
+        return out
 
     def abandon_on(self, node_id: str, posted_at_s: float) -> None:
         """A posted event says ``node_id`` is lost: the step in flight (and any later one) with
@@ -270,11 +438,23 @@ class ElasticWorkerGroup(WorkerGroup):
         with self._posted_lock:
             self._posted_lost[node_id] = posted_at_s
 
+    def drain_on(self, node_id: str, deadline_s: float | None, posted_at_s: float) -> None:
+        """A posted preemption notice for ``node_id`` with a wall-clock deadline: a step in
+        flight there that would end after the deadline is abandoned at once (the node would
+        vanish under it); one that ends before is finished and the controller evacuates at its
+        boundary (thread-safe)."""
+        if deadline_s is None:
+            return
+        with self._posted_lock:
+            self._posted_drain[node_id] = (deadline_s, posted_at_s)
+
     def step(self) -> StepReport:
         """Run step ``next_step`` on every rank; abandon it (``WorkerLost``, never committed)
-        as soon as a posted event names a node of one of its ranks lost."""
+        as soon as a posted event names a node of one of its ranks lost, or posts a preemption
+        deadline there that falls before the step would end (the last step's duration)."""
         assert self.plan is not None, "step() before launch()"
         step = self.next_step
+        self._step_ends_s = time.time() + self._last_step_s
         self._check_posted(f"step {step}")
         started = time.perf_counter()
         refs = {r: a.train_step.remote(step) for r, a in enumerate(self._actors)}
@@ -296,9 +476,11 @@ class ElasticWorkerGroup(WorkerGroup):
         results = self._gather(f"step {step}", refs, max(0.0, deadline - time.monotonic()))
         self._inflight = {}
         self.next_step = step + 1
-        return self._report(step, results, time.perf_counter() - started)
+        self._last_step_s = time.perf_counter() - started
+        return self._report(step, results, self._last_step_s)
 
     def _check_posted(self, phase: str) -> None:
+        self._check_drains(phase)
         with self._posted_lock:
             posted = dict(self._posted_lost)
         if not posted:
@@ -318,6 +500,27 @@ class ElasticWorkerGroup(WorkerGroup):
                 self._posted_lost.pop(n, None)
         raise WorkerLost(
             ranks, nodes, f"{phase} abandoned {after_s:.3f} s after a node event reported it lost"
+        )
+
+    def _check_drains(self, phase: str) -> None:
+        with self._posted_lock:
+            drains = {
+                n: deadline
+                for n, (deadline, posted_s) in self._posted_drain.items()
+                if posted_s >= self._formed_at_s  # an older notice was evacuated already
+            }
+        late = deadline_hits(drains, {w.node_id for w in self.workers}, self._step_ends_s)
+        if not late:
+            return
+        ranks = tuple(w.rank for w in self.workers if w.node_id in late)
+        with self._posted_lock:
+            for n in late:
+                self._posted_drain.pop(n, None)
+        raise WorkerLost(
+            ranks,
+            late,
+            f"{phase} abandoned: the preemption deadline of {sorted(late)} falls before the "
+            "step would end",
         )
 
     def set_throttle(self, node_id: str, factor: float, timeout_s: float = 10.0) -> list[int]:
@@ -405,6 +608,29 @@ class ElasticWorkerGroup(WorkerGroup):
         return infos
 
 
+def deadline_hits(deadlines: Mapping[str, float], nodes: set[str], step_ends_s: float) -> set[str]:
+    """Nodes of the step whose posted preemption deadline falls before the step should end:
+    the step cannot finish on them, so it is abandoned at once rather than finished."""
+    return {n for n, deadline in deadlines.items() if n in nodes and deadline <= step_ends_s}
+
+
+def _warm_seconds(warm: Sequence[_Warm]) -> dict[str, float]:
+    """The slowest warm actor's time by part: asked -> actor constructed (placement, process
+    start), torch imported, engine built; and asked -> ready in all."""
+    out = {"start_s": 0.0, "import_s": 0.0, "build_s": 0.0, "total_s": 0.0}
+    for w in warm:
+        r = w.result or {}
+        parts = {
+            "start_s": float(r.get("created_unix_s", w.asked_unix_s)) - w.asked_unix_s,
+            "import_s": float(r.get("import_s", 0.0)),
+            "build_s": float(r.get("build_s", 0.0)),
+            "total_s": float(r.get("ready_unix_s", w.asked_unix_s)) - w.asked_unix_s,
+        }
+        if parts["total_s"] >= out["total_s"]:
+            out = parts
+    return out
+
+
 def _assign(
     new_ranks: Sequence[RankSpec],
     requests: Sequence[BundleRequest],
@@ -414,8 +640,6 @@ def _assign(
     held: Mapping[int, set[int]],
 ) -> dict[int, int]:
     """New rank -> surviving old rank that runs it: a node the rank may use, most layers held."""
-    from orchestrator.spec.labels import NODE_ID_LABEL
-
     node_type = {n.node_id: n.device_type for n in nodes}
     free = set(alive)
     out: dict[int, int] = {}

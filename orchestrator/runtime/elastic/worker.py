@@ -22,6 +22,11 @@ group is destroyed, a new engine is built for the new rank and joins a new rende
 this actor keeps are handed to it as the same modules and optimizers (no copy), and the layers it
 gains arrive as Ray object references exported by the peers that held them
 (:meth:`export_layers`), so their bytes go actor to actor, never through the driver.
+
+A joiner is warmed before the switch (:meth:`warm`): started while the current plan trains, it
+imports torch and builds its engine for the rank the candidate plan gives it (layers, optimizers,
+data), everything but the process groups. :meth:`reform` then adopts that engine when the plan
+and rank are the same, so the switch pays only the rendezvous and the layers moved to it.
 """
 
 from __future__ import annotations
@@ -49,6 +54,12 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         self._pending_step: int | None = None
         self._lock = threading.Lock()
         self._throttle = 1.0  # emulated extra slowdown of this node (``set_throttle``)
+        self._created_unix_s = time.time()  # the process is up and this actor constructed
+        # Engine builds (warm, reform) one at a time: a reform issued while a warm-up still runs
+        # on the other thread waits for it and adopts what it built.
+        self._build_lock = threading.Lock()
+        self._warm_engine: tuple[str, int, float, Any] | None = None  # plan, rank, slowdown, engine
+        self._import_s: float | None = None  # what importing the engine (torch) took here
 
     def train_step(self, step: int) -> dict[str, Any]:
         """Forward, backward, all-reduce of step ``step``; the update of step ``step - 1``
@@ -104,6 +115,47 @@ class ElasticWorker(_Base):  # type: ignore[misc]
             for i in layers
         }
 
+    def warm(self, plan_json: str, rank: int) -> dict[str, Any]:
+        """Import torch and build the engine of ``rank`` in ``plan_json`` without joining any
+        process group, for a later :meth:`reform` into that rank to adopt. Returns the seconds
+        each part took and when this actor was constructed (wall time)."""
+        with self._build_lock:
+            import_start_s = time.perf_counter()
+            from orchestrator.runtime.actor import engine_config  # imports nothing heavy
+            from orchestrator.worker.engine import StageEngine  # imports torch
+
+            if self._import_s is None:  # the first warm-up imports; a later one finds it done
+                self._import_s = time.perf_counter() - import_start_s
+            build_start_s = time.perf_counter()
+            slowdown = self._slowdown()
+            engine = StageEngine(engine_config(self._job, plan_json, rank, slowdown))
+            self._warm_engine = (plan_json, rank, slowdown, engine)
+            return {
+                "rank": rank,
+                "pid": os.getpid(),
+                "created_unix_s": self._created_unix_s,
+                "import_s": self._import_s,
+                "build_s": time.perf_counter() - build_start_s,
+                "ready_unix_s": time.time(),
+            }
+
+    def _slowdown(self) -> float:
+        """The emulated slowdown this actor's engines run at (1.0 where a real GPU is)."""
+        from orchestrator.runtime.actor import has_real_gpu
+
+        emulated = self._emulated_slowdown is not None and not has_real_gpu()
+        return self._emulated_slowdown if emulated and self._emulated_slowdown else 1.0
+
+    def _engine_for(self, plan_json: str, rank: int, slowdown: float) -> tuple[Any, bool]:
+        """The engine warmed for this rank if there is one, else a new one; whether warmed."""
+        from orchestrator.runtime.actor import engine_config
+        from orchestrator.worker.engine import StageEngine
+
+        warmed, self._warm_engine = self._warm_engine, None
+        if warmed is not None and warmed[:3] == (plan_json, rank, slowdown):
+            return warmed[3], True
+        return StageEngine(engine_config(self._job, plan_json, rank, slowdown)), False
+
     def reform(
         self,
         plan_json: str,
@@ -114,16 +166,32 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         incoming: list[Any],
         throttle: float = 1.0,
     ) -> dict[str, Any]:
-        """Become ``rank`` of a new plan (see the module docstring).
+        """Become ``rank`` of a new plan (see the module docstring and :meth:`_reform`)."""
+        with self._build_lock:
+            return self._reform(
+                plan_json, rank, rendezvous, committed_steps, keep, incoming, throttle
+            )
+
+    def _reform(
+        self,
+        plan_json: str,
+        rank: int,
+        rendezvous: tuple[str, int, int, float],
+        committed_steps: int,
+        keep: bool,
+        incoming: list[Any],
+        throttle: float = 1.0,
+    ) -> dict[str, Any]:
+        """Become ``rank`` of a new plan.
 
         ``rendezvous`` is (address, port, world size, timeout in s); ``keep``: keep the layers
         this actor holds and the new rank holds too (only when they are at ``committed_steps``);
         ``incoming``: object references of ``{layer: state}`` from peers or the checkpoint;
         ``throttle``: the node's emulated extra slowdown (see :meth:`set_throttle`).
         """
-        from orchestrator.runtime.actor import engine_config, has_real_gpu
-        from orchestrator.worker.engine import StageEngine
+        from orchestrator.runtime.actor import has_real_gpu
 
+        started_s = time.perf_counter()
         self._settle(committed_steps)
         old = self._engine
         if old is not None:
@@ -132,8 +200,9 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         self._plan_json, self._rank = plan_json, rank
         real_gpu = has_real_gpu()
         emulated = self._emulated_slowdown is not None and not real_gpu
-        slowdown = self._emulated_slowdown if emulated and self._emulated_slowdown else 1.0
-        new = StageEngine(engine_config(self._job, plan_json, rank, slowdown))
+        slowdown = self._slowdown()
+        new, warmed = self._engine_for(plan_json, rank, slowdown)
+        built_s = time.perf_counter()
         parts: dict[int, list[dict[str, Any]]] = {}
         for part in ray.get(list(incoming)):
             for i, state in part.items():
@@ -155,8 +224,10 @@ class ElasticWorker(_Base):  # type: ignore[misc]
                 kept.append(i)
             elif keep:
                 raise RuntimeError(f"rank {rank}: layer {i} neither kept nor sent")
+        loaded_s = time.perf_counter()
         address, port, world_size, timeout_s = rendezvous
         new.setup(address, port, world_size, timeout_s)
+        joined_s = time.perf_counter()
         if late:
             from orchestrator.worker.tensor_parallel import load_local
 
@@ -172,6 +243,11 @@ class ElasticWorker(_Base):  # type: ignore[misc]
             "kept_layers": kept,
             "bytes_in": _nbytes(moved),
             "pid": os.getpid(),
+            "warmed": warmed,
+            # Where this actor's part of the switch went (seconds).
+            "build_s": built_s - started_s,
+            "load_s": loaded_s - built_s,  # waiting for and loading the layers sent to it
+            "rendezvous_s": joined_s - loaded_s,
         }
 
     def settle(self, committed_steps: int) -> None:
