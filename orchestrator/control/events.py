@@ -37,6 +37,7 @@ class PlanReason(StrEnum):
     JOIN = "join"
     STRAGGLER = "straggler"
     SPEEDUP = "speedup"  # a node planned as slow measured faster again
+    READMIT = "readmit"  # a slow node left without work, tried again at its labelled speed
     PREEMPTION = "preemption"
 
 
@@ -53,6 +54,7 @@ class EventKind(StrEnum):
     STRAGGLER = "straggler"
     STEP_SKIPPED = "step_skipped"  # fp16 overflow: the update was dropped, the step runs again
     SPEEDUP = "speedup"
+    READMIT = "readmit"  # a slow node without work tried again, and the trial's verdict
     FINISHED = "finished"
     FAILED = "failed"
 

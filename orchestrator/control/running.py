@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.control import classified
+from orchestrator.control import classified, readmission
 from orchestrator.control.context import RunContext
 from orchestrator.control.events import EventKind, PlanReason
 from orchestrator.control.ports import WorkerLost
@@ -81,7 +81,7 @@ def run_one(ctx: RunContext, s: RunningState) -> ControllerState:
     sped_up = _speedups(ctx, s)
     if sped_up:
         return _on_speedups(ctx, s, sped_up) or s
-    return s
+    return readmission.after_step(ctx, s) or s
 
 
 # fp16 halves its loss scale on each overflow; this many in a row (2^16 down to 2^-4) means the
