@@ -52,6 +52,7 @@ class Timeline:
     kills_s: list[float] = field(default_factory=list)
     replaced_s: list[float] = field(default_factory=list)
     killed_nodes: list[str] = field(default_factory=list)
+    add_failures: list[str] = field(default_factory=list)  # replacements that did not start
     error: str | None = None
 
 
@@ -101,8 +102,13 @@ def drive(
             pending_adds.append((now + schedule.replace_after_s, victim.kind))
         if pending_adds and now >= pending_adds[0][0]:
             _, kind = pending_adds.pop(0)
-            cluster.add(kind)
-            t.replaced_s.append(time.time())
+            try:
+                cluster.add(kind)
+            except Exception as exc:  # a raylet that does not register in 30 s on a busy host
+                t.add_failures.append(f"{now - t.started_s:.0f} s: {str(exc)[:80]}")
+                log(f"  {name}: the replacement node did not start: {str(exc)[:80]}")
+            else:
+                t.replaced_s.append(time.time())
         if ended:
             t.error = f"{name}'s run ended before the schedule did"
             break
@@ -132,10 +138,9 @@ def run_ours(
 
     def poll() -> bool:
         done = handle.wait(0.05)
-        now_s = time.time()
         for u in handle.updates():
-            if isinstance(u, StepDone):
-                seen.append((now_s, u.report.step + 1))
+            if isinstance(u, StepDone):  # stamped when the controller committed it
+                seen.append((u.time_s, u.report.step + 1))
         return bool(done)
 
     try:
@@ -283,7 +288,10 @@ def figures(t: Timeline, schedule: Schedule, global_batch: int) -> dict[str, Any
         "goodput": fail_rate / ref_rate if ref_rate > 0 else float("nan"),
         "committed_steps_reference": ref,
         "committed_steps_failures": failed,
-        "steps_lost": lost_steps(t.rows, ref_end, end),
+        # None: nothing was committed after the first kill, so no restart was seen to count.
+        "steps_lost": lost_steps(t.rows, ref_end, end)
+        if any(r[0] > ref_end for r in t.rows)
+        else None,
         "kills": len(t.kills_s),
         "stalls_s": longest_stalls(t.rows, t.kills_s, schedule.period_s),
         "wall_s": schedule.total_s,
@@ -295,4 +303,6 @@ def figures(t: Timeline, schedule: Schedule, global_batch: int) -> dict[str, Any
     }
     if t.error is not None:
         out["error"] = t.error
+    if t.add_failures:
+        out["replacements_not_started"] = t.add_failures
     return out

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -46,14 +47,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _goodput_side import Schedule, figures, run_ours, run_raytrain
 from recovery import GLOBAL_BATCH, KIND, job_spec, raytrain_config
 
-from orchestrator.demo.cluster import LocalCluster
+from orchestrator.demo.cluster import ClusterStartError, LocalCluster
 from orchestrator.demo.output import ray_output_to
+from orchestrator.runtime.local_ray import child_pids, kill_started
 
 LIMIT_S = 300.0  # to reach the warm-up steps
 
 
 def log(text: str) -> None:
     print(text, file=sys.__stdout__, flush=True)
+
+
+def _started(nodes: int, attempts: int = 3) -> LocalCluster:
+    """A started local cluster; on a busy host the head may time out starting: try again."""
+    for attempt in range(1, attempts + 1):
+        cluster = LocalCluster()
+        try:
+            cluster.start([KIND] * nodes)
+            return cluster
+        except ClusterStartError as exc:
+            if attempt == attempts:
+                raise
+            log(f"  cluster start failed ({exc}); trying again in 10 s")
+            time.sleep(10)
+    raise AssertionError("unreachable")
 
 
 def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, Any]:
@@ -70,9 +87,8 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
     work.mkdir(parents=True, exist_ok=True)
     job_file = work / "job.yaml"
     job_file.write_text(json.dumps(spec))
-    cluster = LocalCluster()
+    cluster = _started(args.nodes)
     try:
-        cluster.start([KIND] * args.nodes)
         ray.init(address=cluster.address, log_to_driver=False)
         profile_device_types(
             worker_job(JobSpec.model_validate(spec), job_file), discover_nodes(), [8],
@@ -86,6 +102,12 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
             (round(float(r["recovery_s"]), 2), r["lost_steps"]) for r in summary["recoveries"]
         ]
         out["switch_costs_s"] = [round(float(s), 2) for s in summary["switch_costs_s"]]
+        kinds = {"failure", "recovery", "plan_chosen", "replan", "replan_skipped", "node_joined"}
+        out["events"] = [
+            f"{e['time_s'] - timeline.started_s:7.1f} s {e['kind']}: {e['message'][:150]}"
+            for e in summary["events"]
+            if e["kind"] in kinds and e["time_s"] >= timeline.started_s
+        ]
         return out
     finally:
         ray.shutdown()
@@ -96,9 +118,8 @@ def raytrain(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[s
     import ray
 
     env = {} if args.raytrain_defaults else {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
-    cluster = LocalCluster()
+    cluster = _started(args.nodes)
     try:
-        cluster.start([KIND] * args.nodes)
         ray.init(address=cluster.address, log_to_driver=False)  # to see which nodes host workers
         timeline = run_raytrain(
             cluster, work, raytrain_config(), schedule,
@@ -134,7 +155,7 @@ def report(results: dict[str, dict[str, Any]], schedule: Schedule) -> None:
         log(
             f"{name:<28} {_fmt(r['goodput'], '.3f'):>7} "
             f"{_fmt(r['reference_samples_per_s']):>13} {_fmt(r['failures_samples_per_s']):>8} "
-            f"{r['steps_lost']:>5} "
+            f"{_fmt(r['steps_lost'], '.0f'):>5} "
             f"{r['committed_steps_reference']:>6}/{r['committed_steps_failures']:<7} "
             f"{stalls:>26}"
         )
@@ -148,6 +169,8 @@ def report(results: dict[str, dict[str, Any]], schedule: Schedule) -> None:
         if r.get("recoveries"):
             log(f"  {name}: recoveries (s from failure seen to first step, lost): "
                 f"{r['recoveries']}")  # fmt: skip
+        for line in r.get("events", []):
+            log(f"    {line}")
         if r.get("switch_costs_s"):
             log(f"  {name}: plan switches' measured cost, s (first launch, then each change): "
                 f"{r['switch_costs_s']}")  # fmt: skip
@@ -175,18 +198,29 @@ def main() -> None:
     schedule = Schedule(args.reference_s, args.period_s, args.kills, args.replace_after_s)
     started = time.time()
     results: dict[str, dict[str, Any]] = {}
+    sides = [] if args.raytrain_only else [("ours", ours)]
+    if not args.ours_only:
+        sides.append(("Ray Train v2" + (" (defaults)" if args.raytrain_defaults else ""), raytrain))
     with tempfile.TemporaryDirectory(prefix="goodput-bench-") as tmp:
         work = Path(tmp)
         with ray_output_to(work / "ray-driver.log"):
-            if not args.raytrain_only:
-                log(f"ours: {args.nodes} x {KIND.device_type} nodes (one CPU each)")
-                results["ours"] = ours(args, schedule, work / "ours")
-            if not args.ours_only:
-                name = "Ray Train v2" + (" (defaults)" if args.raytrain_defaults else "")
+            for name, side in sides:
                 log(f"{name}: {args.nodes} x {KIND.device_type} nodes (one CPU each)")
-                results[name] = raytrain(args, schedule, work / "raytrain")
+                before = child_pids()
+                try:
+                    results[name] = side(args, schedule, work / name.split()[0].lower())
+                except Exception as exc:  # one side failing still reports the other
+                    results[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                finally:
+                    kill_started(before)  # a node that failed to start may leave its processes
+                report({name: results[name]}, schedule)
+                if args.json:
+                    args.json.write_text(json.dumps(results, indent=2, default=str))
     report(results, schedule)
-    log(f"(all on one machine, emulated nodes; {time.time() - started:.0f} s in all)")
+    log(
+        f"(all on one machine, emulated nodes; {time.time() - started:.0f} s in all; load "
+        f"average {os.getloadavg()[0]:.1f} at the end)"
+    )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
 
