@@ -102,6 +102,9 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
             (round(float(r["recovery_s"]), 2), r["lost_steps"]) for r in summary["recoveries"]
         ]
         out["switch_costs_s"] = [round(float(s), 2) for s in summary["switch_costs_s"]]
+        # The controller's own count: a restore from the checkpoint whose run then committed
+        # nothing more in the window leaves no trace in the committed-step rows.
+        out["steps_lost_by_controller"] = summary["lost_steps_total"]
         kinds = {"failure", "recovery", "plan_chosen", "replan", "replan_skipped", "node_joined"}
         out["events"] = [
             f"{e['time_s'] - timeline.started_s:7.1f} s {e['kind']}: {e['message'][:150]}"
@@ -171,6 +174,8 @@ def report(results: dict[str, dict[str, Any]], schedule: Schedule) -> None:
                 f"{r['recoveries']}")  # fmt: skip
         for line in r.get("events", []):
             log(f"    {line}")
+        if "steps_lost_by_controller" in r:
+            log(f"  {name}: steps lost by the controller's count: {r['steps_lost_by_controller']}")
         if r.get("switch_costs_s"):
             log(f"  {name}: plan switches' measured cost, s (first launch, then each change): "
                 f"{r['switch_costs_s']}")  # fmt: skip
