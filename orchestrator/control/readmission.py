@@ -47,11 +47,12 @@ def after_step(ctx: RunContext, s: RunningState) -> ResizingState | None:
                 led.slowdown_by_node.setdefault(trial_node, trial.slowdown)
         else:
             return _judge(ctx, s, policy)
-    if led.snapshot is None:
-        return None
+    slow = {n for n, f in led.slowdown_by_node.items() if f > 1.0}
+    if led.snapshot is None or not (slow or policy.idle_since_s):
+        return None  # the common case: nothing planned as slow, nothing to look at per step
     usable = led.snapshot.usable(led.excluded_nodes).node_ids
     working = nodes_with_work(ctx, plan)
-    idle = {n for n, f in led.slowdown_by_node.items() if f > 1.0 and n in usable} - working
+    idle = {n for n in slow if n in usable} - working
     policy.track(idle, ctx.now_s())
     due = policy.due(ctx.now_s())
     return _try(ctx, s, policy, due) if due is not None else None
