@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         run_config=RunConfig(
             name=f"recovery-{time.time_ns()}",
             storage_path=args.storage,
-            failure_config=FailureConfig(max_failures=3),
+            failure_config=FailureConfig(max_failures=args.max_failures),
         ),
     )
     started = time.time()
@@ -141,6 +141,7 @@ def main() -> None:
     parser.add_argument("--checkpoint-interval", type=int, required=True)
     parser.add_argument("--min-workers", type=int, required=True)
     parser.add_argument("--max-workers", type=int, required=True)
+    parser.add_argument("--max-failures", type=int, default=3, help="FailureConfig's budget")
     parser.add_argument("--result", required=True, help="where to write the JSON result")
     args = parser.parse_args()
     result = run(args)

@@ -129,6 +129,12 @@ def run_straggler(
     }
     sped_up = f.first("speedup", cooled_at_s)
     figures["cool_detect_s"] = sped_up.time_s - cooled_at_s if sped_up else float("nan")
+    # A node the new plan left without work has no measurements: it is tried again after a
+    # cool-down (policies/readmit.py); the try and its verdict are readmit events.
+    readmits = [e for e in f.events if e.kind == "readmit" and e.time_s >= replanned.time_s]
+    if readmits:
+        figures["readmit_after_drop_s"] = readmits[0].time_s - replanned.time_s
+        figures["readmit_events"] = [e.message for e in readmits]
     if given_back is not None:
         figures["cool_to_new_plan_s"] = _first_step_after(f, given_back.time_s) - cooled_at_s
         figures["samples_per_s_given_back"] = f.rate(given_back.time_s, end_s)

@@ -285,6 +285,13 @@ def report_straggler(r: dict[str, Any]) -> None:
         f"{_fmt(r.get('samples_per_s_given_back'))}; the node's samples per step "
         f"{r['node_samples']}"
     )
+    if "readmit_after_drop_s" in r:
+        log(
+            f"  left without work: tried again {_fmt(r['readmit_after_drop_s'])} s after "
+            "the re-plan"
+        )
+        for line in r["readmit_events"]:
+            log(f"    readmit: {line}")
 
 
 def main() -> None:

@@ -24,6 +24,10 @@ class ControllerConfig:
     straggler_threshold: float = 1.3
     straggler_window_steps: int = 5
     rejoin_cooldown_s: float = 60.0  # see policies/rejoin.py
+    # Slow nodes left without work: tried again after a cool-down (policies/readmit.py).
+    readmit_cooldown_s: float = 60.0
+    readmit_backoff: float = 2.0
+    readmit_max_cooldown_s: float = 1800.0
     # Steps after a launch whose times set the calibration (measured / predicted); the first
     # step after a launch is warm-up and is left out.
     calibration_steps: int = 3
@@ -46,6 +50,9 @@ class ControllerConfig:
             straggler_threshold=spec.straggler_threshold,
             straggler_window_steps=spec.straggler_window_steps,
             rejoin_cooldown_s=spec.rejoin_cooldown_s,
+            readmit_cooldown_s=spec.readmit_cooldown_s,
+            readmit_backoff=spec.readmit_backoff,
+            readmit_max_cooldown_s=spec.readmit_max_cooldown_s,
             failure=FailurePolicy(
                 max_failures=spec.max_failures,
                 initial_backoff_s=spec.initial_backoff_s,

@@ -33,6 +33,7 @@ from orchestrator.control.recovery import LayerState, RestoreKind, RestoreSource
 from orchestrator.control.states import FailedState, FinishedState, RecoveringState
 from orchestrator.errors import InfeasibleError, SpecError, TransientError
 from orchestrator.policies.failure import GiveUp
+from orchestrator.policies.readmit import ReadmitPolicy
 from orchestrator.policies.rejoin import RejoinPolicy
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import StepReport
@@ -52,6 +53,7 @@ class RunContext:
     journal: Journal
     ledger: RunLedger
     rejoin: RejoinPolicy = field(default_factory=RejoinPolicy)
+    readmit: ReadmitPolicy = field(default_factory=ReadmitPolicy)  # slow nodes without work
 
     @classmethod
     def create(
@@ -71,7 +73,16 @@ class RunContext:
         ledger = RunLedger(switch_cost=SwitchCostMeter(config.initial_switch_cost_s))
         journal = Journal(callbacks, logger)
         rejoin = RejoinPolicy(config.rejoin_cooldown_s)
-        return cls(config, probe, workers, checkpoints, planner, clock, journal, ledger, rejoin)
+        readmit = ReadmitPolicy(
+            cooldown_s=config.readmit_cooldown_s,
+            backoff=config.readmit_backoff,
+            max_cooldown_s=config.readmit_max_cooldown_s,
+            threshold=config.straggler_threshold,
+            window=config.straggler_window_steps,
+        )
+        return cls(
+            config, probe, workers, checkpoints, planner, clock, journal, ledger, rejoin, readmit
+        )
 
     def now_s(self) -> float:
         return self.clock.now_s()

@@ -37,6 +37,7 @@ class PlanReason(StrEnum):
     JOIN = "join"
     STRAGGLER = "straggler"
     SPEEDUP = "speedup"  # a node planned as slow measured faster again
+    READMIT = "readmit"  # a slow node left without work, tried again at its labelled speed
     PREEMPTION = "preemption"
 
 
@@ -55,6 +56,7 @@ class EventKind(StrEnum):
     SPEEDUP = "speedup"
     WARMING = "warming"  # a switch's new workers start and warm up while the plan trains
     WARM_READY = "warm_ready"  # they are ready: the switch happens at this step boundary
+    READMIT = "readmit"  # a slow node without work tried again, and the trial's verdict
     FINISHED = "finished"
     FAILED = "failed"
 

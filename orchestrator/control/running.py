@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.control import classified
+from orchestrator.control import classified, readmission
 from orchestrator.control.context import RunContext
 from orchestrator.control.events import EventKind, PlanReason
 from orchestrator.control.ports import WarmStatus, WorkerLost
@@ -95,7 +95,7 @@ def run_one(ctx: RunContext, s: RunningState) -> ControllerState:
     sped_up = _speedups(ctx, s)
     if sped_up:
         return _on_speedups(ctx, s, sped_up) or s
-    return s
+    return readmission.after_step(ctx, s) or s
 
 
 def _news(ctx: RunContext) -> bool:

@@ -31,3 +31,9 @@ class ElasticitySpec(BaseModel):
     straggler_window_steps: PositiveInt = 5
     # A failed or evacuated node listed healthy this long is planned on again.
     rejoin_cooldown_s: NonNegativeFloat = 60.0
+    # A node planned as slow that a re-plan left without work is tried again at its labelled
+    # speed after this long; each try that finds it still slow multiplies the wait by
+    # ``readmit_backoff``, up to ``readmit_max_cooldown_s`` (policies/readmit.py).
+    readmit_cooldown_s: NonNegativeFloat = 60.0
+    readmit_backoff: float = Field(default=2.0, ge=1.0)
+    readmit_max_cooldown_s: NonNegativeFloat = 1800.0

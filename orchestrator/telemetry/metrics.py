@@ -23,7 +23,16 @@ from orchestrator.spec.reports import MemoryUse, StepReport
 
 # Reasons the controller gives for a plan change (see ControllerCallback.on_plan); recoveries use
 # the same vocabulary. Unknown reasons still work: their series appear on first use.
-KNOWN_REASONS = ("initial", "failure", "join", "straggler", "preemption", "restart")
+KNOWN_REASONS = (
+    "initial",
+    "failure",
+    "join",
+    "straggler",
+    "speedup",
+    "readmit",
+    "preemption",
+    "restart",
+)
 DEVICE_STATES = ("alive", "draining")
 CHECKPOINT_OPERATIONS = ("save", "load")
 

@@ -164,6 +164,7 @@ def test_annotations_mark_the_recovery_and_the_replan(observed_run):
         "failure",
         "straggler",
         "speedup",
+        "readmit",
         "join",
     }
     assert reasons["annotation 'Recoveries'"] == {"failure"}

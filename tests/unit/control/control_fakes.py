@@ -106,6 +106,8 @@ class FakePlanner:
     calls: list[tuple[ClusterSnapshot, dict[str, float]]] = field(default_factory=list)
     errors: list[Exception] = field(default_factory=list)  # raised by the next calls, in order
     one_pipeline: bool = False  # one replica whose stages span every node (one per device)
+    # Nodes planned this many times slower (or more) get no work at all (None: every node works).
+    drop_slowdown_at: float | None = None
 
     def __call__(
         self, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
@@ -114,6 +116,9 @@ class FakePlanner:
         if self.errors:
             raise self.errors.pop(0)
         nodes = [n for n in snapshot.nodes if n.num_devices <= NUM_LAYERS]
+        if self.drop_slowdown_at is not None:
+            cut = self.drop_slowdown_at
+            nodes = [n for n in nodes if slowdown_by_node.get(n.node_id, 1.0) < cut]
         if not nodes:
             raise InfeasibleError("no node to place the model on", field="cluster")
         if self.one_pipeline:

@@ -154,7 +154,16 @@ def test_free_text_reasons_become_low_cardinality_labels():
     assert value(s, "orchestrator_recoveries_total", run="run-b", reason="preemption") == 1
     assert value(s, "orchestrator_plan_changes_total", run="run-b", reason="other") == 1
     reasons = {dict(k)["reason"] for k in s["orchestrator_recoveries_total"]}
-    assert reasons == {"initial", "failure", "join", "straggler", "preemption", "restart"}
+    assert reasons == {
+        "initial",
+        "failure",
+        "join",
+        "straggler",
+        "speedup",
+        "readmit",
+        "preemption",
+        "restart",
+    }
 
 
 def test_negative_lost_steps_count_as_none():

@@ -1,0 +1,234 @@
+"""Goodput under repeated node failures: our elastic controller against Ray Train v2 elastic
+training, on the same local cluster and the same failure schedule.
+
+Each system gets a fresh local Ray cluster of ``--nodes`` one-CPU nodes of one device type
+(``A100-80``, emulated speed 1.0: no compute is stretched), a head holding no work, and the
+project's fast health checks (a crashed node is declared dead in ~1.4 s); the model, data, global
+batch, optimizer and checkpoint interval of bench/recovery.py. Once ``--warmup-steps`` steps are
+committed, the schedule starts:
+
+- a reference window of ``--reference-s`` seconds without failures;
+- then ``--kills`` periods of ``--period-s`` seconds: at the start of each, every process of one
+  node hosting a worker is SIGKILLed (the oldest such node), and ``--replace-after-s`` later a new
+  node of the same type joins.
+
+Goodput = committed samples per second over the failure periods / the same over the reference
+window of the same run (committed: the committed step count at the end of a window less the
+count at its start, so steps trained again after a restart count once). Also: the steps lost
+(trained again), the longest time without a new committed step after each kill, and the wall
+time. Target: ours >= 0.9.
+
+Ours: the elastic controller actor (``orchestrator.runtime.elastic``) planning from profiles
+measured on the cluster. Ray Train: ``TorchTrainer`` with ``ScalingConfig(num_workers=(nodes - 1,
+nodes))`` (elastic in Ray Train v2: ``RAY_TRAIN_V2_ENABLED=1``) and ``FailureConfig(max_failures=
+--kills + 2)``, rank 0 checkpointing every ``--checkpoint-interval`` steps through
+``ray.train.report`` (bench/_raytrain_recovery.py), run with ``RAY_TRAIN_WORKER_GROUP_START_
+TIMEOUT_S=10`` (Ray Train's default of 60 s would leave it restarting through most periods;
+``--raytrain-defaults`` runs it as shipped). Nothing passes or fails; the figures go to
+docs/benchmarks.md.
+
+Run: .venv/bin/python bench/goodput.py [--period-s 30] [--kills 3] [--ours-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _goodput_side import Schedule, figures, run_ours, run_raytrain
+from recovery import GLOBAL_BATCH, KIND, job_spec, raytrain_config
+
+from orchestrator.demo.cluster import ClusterStartError, LocalCluster
+from orchestrator.demo.output import ray_output_to
+from orchestrator.runtime.local_ray import child_pids, kill_started
+
+LIMIT_S = 300.0  # to reach the warm-up steps
+
+
+def log(text: str) -> None:
+    print(text, file=sys.__stdout__, flush=True)
+
+
+def _started(nodes: int, attempts: int = 3) -> LocalCluster:
+    """A started local cluster; on a busy host the head may time out starting: try again."""
+    for attempt in range(1, attempts + 1):
+        cluster = LocalCluster()
+        try:
+            cluster.start([KIND] * nodes)
+            return cluster
+        except ClusterStartError as exc:
+            if attempt == attempts:
+                raise
+            log(f"  cluster start failed ({exc}); trying again in 10 s")
+            time.sleep(10)
+    raise AssertionError("unreachable")
+
+
+def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, Any]:
+    import ray
+
+    from orchestrator.runtime.discovery import discover_nodes
+    from orchestrator.runtime.jobs import worker_job
+    from orchestrator.runtime.profiling import profile_device_types
+    from orchestrator.spec.job import JobSpec
+
+    spec = job_spec(args.checkpoint_interval)
+    spec["name"] = "goodput-bench"
+    spec["elasticity"] = {"max_failures": 4 * args.kills}  # never the limit here
+    work.mkdir(parents=True, exist_ok=True)
+    job_file = work / "job.yaml"
+    job_file.write_text(json.dumps(spec))
+    cluster = _started(args.nodes)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+        profile_device_types(
+            worker_job(JobSpec.model_validate(spec), job_file), discover_nodes(), [8],
+            work / "profiles", work / "profile-cache", out=lambda s: None,
+        )  # fmt: skip
+        timeline, summary = run_ours(
+            cluster, job_file, schedule, warmup_steps=args.warmup_steps, limit_s=LIMIT_S, log=log
+        )
+        out = figures(timeline, schedule, GLOBAL_BATCH)
+        out["recoveries"] = [
+            (round(float(r["recovery_s"]), 2), r["lost_steps"]) for r in summary["recoveries"]
+        ]
+        out["switch_costs_s"] = [round(float(s), 2) for s in summary["switch_costs_s"]]
+        # The controller's own count: a restore from the checkpoint whose run then committed
+        # nothing more in the window leaves no trace in the committed-step rows.
+        out["steps_lost_by_controller"] = summary["lost_steps_total"]
+        kinds = {"failure", "recovery", "plan_chosen", "replan", "replan_skipped", "node_joined"}
+        out["events"] = [
+            f"{e['time_s'] - timeline.started_s:7.1f} s {e['kind']}: {e['message'][:150]}"
+            for e in summary["events"]
+            if e["kind"] in kinds and e["time_s"] >= timeline.started_s
+        ]
+        return out
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def raytrain(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, Any]:
+    import ray
+
+    env = {} if args.raytrain_defaults else {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
+    cluster = _started(args.nodes)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)  # to see which nodes host workers
+        timeline = run_raytrain(
+            cluster, work, raytrain_config(), schedule,
+            checkpoint_interval=args.checkpoint_interval, min_workers=args.nodes - 1,
+            max_workers=args.nodes, max_failures=args.kills + 2, extra_env=env,
+            warmup_steps=args.warmup_steps, limit_s=LIMIT_S, log=log,
+        )  # fmt: skip
+        return figures(timeline, schedule, GLOBAL_BATCH)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    if isinstance(value, int | float) and math.isfinite(value):
+        return f"{value:{spec}}"
+    return "n/a"
+
+
+def report(results: dict[str, dict[str, Any]], schedule: Schedule) -> None:
+    log("")
+    log(
+        f"schedule: reference {schedule.reference_s:.0f} s, then {schedule.kills} kills every "
+        f"{schedule.period_s:.0f} s, each node replaced {schedule.replace_after_s:.0f} s later"
+    )
+    log(f"{'system':<28} {'goodput':>7} {'samples/s ref':>13} {'failures':>8} {'lost':>5} "
+        f"{'steps ref/fail':>14} {'stall after each kill, s':>26}")  # fmt: skip
+    for name, r in results.items():
+        if "goodput" not in r:
+            log(f"{name:<28} {r.get('error')}")
+            continue
+        stalls = " ".join(_fmt(s) for s in r["stalls_s"])
+        log(
+            f"{name:<28} {_fmt(r['goodput'], '.3f'):>7} "
+            f"{_fmt(r['reference_samples_per_s']):>13} {_fmt(r['failures_samples_per_s']):>8} "
+            f"{_fmt(r['steps_lost'], '.0f'):>5} "
+            f"{r['committed_steps_reference']:>6}/{r['committed_steps_failures']:<7} "
+            f"{stalls:>26}"
+        )
+        log(
+            f"  {name}: {_fmt(r['stalled_s'])} s of {schedule.kills * schedule.period_s:.0f} s "
+            f"stalled (gaps over 3 reference steps of {_fmt(r['step_s_reference'], '.3f')} s); "
+            f"{_fmt(r['samples_per_s_between_stalls'])} samples/s between stalls"
+        )
+        if "error" in r:
+            log(f"  {name}: {r['error']}")
+        if r.get("recoveries"):
+            log(f"  {name}: recoveries (s from failure seen to first step, lost): "
+                f"{r['recoveries']}")  # fmt: skip
+        for line in r.get("events", []):
+            log(f"    {line}")
+        if "steps_lost_by_controller" in r:
+            log(f"  {name}: steps lost by the controller's count: {r['steps_lost_by_controller']}")
+        if r.get("switch_costs_s"):
+            log(f"  {name}: plan switches' measured cost, s (first launch, then each change): "
+                f"{r['switch_costs_s']}")  # fmt: skip
+    mine = results.get("ours", {}).get("goodput")
+    if isinstance(mine, float) and math.isfinite(mine):
+        log(f"goodput ours: {mine:.3f}  (target >= 0.9)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="goodput under repeated node kills")
+    parser.add_argument("--nodes", type=int, default=3, help="one-CPU nodes at the start")
+    parser.add_argument("--period-s", type=float, default=30.0, help="seconds between kills")
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--reference-s", type=float, default=30.0, help="window without failures")
+    parser.add_argument("--replace-after-s", type=float, default=2.0)
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--checkpoint-interval", type=int, default=10)
+    parser.add_argument("--ours-only", action="store_true")
+    parser.add_argument("--raytrain-only", action="store_true")
+    parser.add_argument(
+        "--raytrain-defaults", action="store_true", help="Ray Train's 60 s group start timeout"
+    )
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    schedule = Schedule(args.reference_s, args.period_s, args.kills, args.replace_after_s)
+    started = time.time()
+    results: dict[str, dict[str, Any]] = {}
+    sides = [] if args.raytrain_only else [("ours", ours)]
+    if not args.ours_only:
+        sides.append(("Ray Train v2" + (" (defaults)" if args.raytrain_defaults else ""), raytrain))
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-") as tmp:
+        work = Path(tmp)
+        with ray_output_to(work / "ray-driver.log"):
+            for name, side in sides:
+                log(f"{name}: {args.nodes} x {KIND.device_type} nodes (one CPU each)")
+                before = child_pids()
+                try:
+                    results[name] = side(args, schedule, work / name.split()[0].lower())
+                except Exception as exc:  # one side failing still reports the other
+                    results[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                finally:
+                    kill_started(before)  # a node that failed to start may leave its processes
+                report({name: results[name]}, schedule)
+                if args.json:
+                    args.json.write_text(json.dumps(results, indent=2, default=str))
+    report(results, schedule)
+    log(
+        f"(all on one machine, emulated nodes; {time.time() - started:.0f} s in all; load "
+        f"average {os.getloadavg()[0]:.1f} at the end)"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
