@@ -295,9 +295,14 @@ class StageEngine:
                 if g.optimizer is not None:
                     optimizers.append(g.optimizer)
                 masters.extend(t for t in (g.master, g.grad_slice) if t is not None)
-        self._last_memory = memory_use(
+        counted = memory_use(
             self.layers.values(), optimizers, self.runner.activations, self.device_memory, masters
         )
+        if self.sharding is not None:
+            # ``full``: the step held whole parameters, released after its backward
+            held = counted.weights_bytes + self.sharding.released_weight_bytes()
+            counted = replace(counted, weights_bytes=held)
+        self._last_memory = counted
         return self._last_memory
 
     def train_step(self, step: int) -> StepResult:
@@ -314,6 +319,7 @@ class StageEngine:
         """This replica's share of the validation loss with the current weights (worker/
         evaluate.py); every rank calls it together. Not timed as part of the step."""
         assert self.runner is not None, "call setup() first"
+        self._gather_parameters()
         loss = evaluate.validation_loss(
             self.spec,
             self.runner.layers,
@@ -346,6 +352,7 @@ class StageEngine:
         # a layer kept across a change of plan may arrive with its last step's gradients.
         for layer in self.layers.values():
             layer.zero_grad(set_to_none=True)
+        self._gather_parameters()
         inputs, targets = self._batch(step)
         sizes = microbatch_sizes(self.spec.replica_batch_size, self.config.plan.microbatch_size)
         weights = [m / self.config.plan.global_batch_size for m in sizes]
@@ -380,6 +387,13 @@ class StageEngine:
             self._clip_gradients(self.recipe.grad_clip_norm * scale)
         self._step = step
         return loss
+
+    def _gather_parameters(self) -> None:
+        """``sharding: full``: whole parameters from the shard group's slices before they are
+        used (collective over each group's sharded holders)."""
+        gathered = self.sharding is not None and self.sharding.ensure_whole(self.layers)
+        if gathered and self._activations is not None:  # gathered parameters: new storage
+            self._activations.track(p for layer in self.layers.values() for p in layer.parameters())
 
     def _clip_gradients(self, max_norm: float) -> None:
         """Clip by the global norm: each layer's squared norm counted by one holder (the lowest
@@ -501,6 +515,8 @@ class StageEngine:
                 fix="resume from a checkpoint of the same model",
             )
         restore_loss_scale((states[i] for i in self.layers), self.scaling)
+        if self.sharding is not None:
+            self.sharding.materialize(self.layers)  # ``full``: whole shapes to load into
         if self.spec.tp > 1:
             for i, layer in self.layers.items():
                 tensor_parallel.load_local(layer, self.optimizers[i], states[i], self.spec)

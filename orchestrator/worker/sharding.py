@@ -17,8 +17,17 @@ shard group and splits every parameter evenly on dim 0 of its mesh, so it cannot
 group where only some holders shard, nor slices whose sizes are chosen apart from the batch
 shares. Slices here are contiguous ranges of the flat vector (``topology.shard_bounds``); the
 reduce and the gather are one ``reduce`` / ``broadcast`` per slice, which gloo and NCCL both
-run and which take slices of any size. Parameters sharded at rest (``full``, ZeRO-3) are planned
-and costed but not executed.
+run and which take slices of any size.
+
+``full`` (ZeRO-3) also shards the parameters at rest: after the backward a sharded holder frees
+the layers' whole parameters and keeps only its slice (the fp32 master it updates); the next use
+(the next step's first forward, or an evaluation) gathers the slices into whole parameters again,
+one ``broadcast`` per slice, and they stay whole for every microbatch of that step. FSDP2 gathers
+each layer before each microbatch's forward and backward instead; that is a collective per
+microbatch, and the holders of a group run different numbers of microbatches (uneven batch
+shares) in different pipeline schedules, so per-microbatch gathers could not be matched across
+them. One gather per step is FSDP2's ``reshard_after_forward=False`` with
+``set_reshard_after_backward(False)``: whole weights during the step, slices between steps.
 
 States move in two forms, like tensor parallel's: ``layer_states`` gives this rank's params
 (whole) and its slice of the optimizer state under a ``"zero_shard"`` record;
@@ -57,6 +66,12 @@ class _Group:
         self.master: torch.Tensor | None = None  # this rank's slice of the flat parameters
         self.optimizer: torch.optim.Optimizer | None = None
         self.grad_slice: torch.Tensor | None = None
+        # ``full``: whether the layers' parameters are freed (only ``master`` holds them)
+        self.released = False
+
+    @property
+    def shards_parameters(self) -> bool:
+        return self.group.level.shards_parameters
 
     @property
     def reduces_itself(self) -> bool:
@@ -101,6 +116,7 @@ class ShardedState:
         self.names: dict[int, list[str]] = {}
         self.orders: dict[int, list[str]] = {}
         self.param_groups: dict[int, list[dict[str, Any]]] = {}
+        self.shapes: dict[int, tuple[int, ...]] = {}  # id(parameter) -> whole shape (``full``)
         for group in shard_groups(plan):
             handle = dist.new_group(ranks=list(group.sharded))
             if rank in group.sharded:
@@ -114,6 +130,9 @@ class ShardedState:
                 whole[i] = {"optimizer": opt.state_dict()}
                 self.param_groups[i] = whole[i]["optimizer"]["param_groups"]
             self._init_slice(g, layers, whole)
+            if g.shards_parameters:
+                for p in _params(layers, g.group):
+                    self.shapes[id(p)] = tuple(p.shape)
 
     @property
     def layers(self) -> set[int]:
@@ -169,6 +188,9 @@ class ShardedState:
                 g.grad_slice = flat[lo:hi].clone()  # already summed by the whole all-reduce
             for p in params:
                 p.grad = None  # only the slice is kept
+            if g.shards_parameters:
+                _release(params)
+                g.released = True
 
     def step(self, layers: dict[int, nn.Module], learning_rate: float | None = None) -> None:
         """Update this rank's slices (at ``learning_rate``, the schedule's value for the step),
@@ -182,22 +204,67 @@ class ShardedState:
             g.optimizer.step()
             g.master.grad = None
             g.grad_slice = None
-            pieces = []
-            for k, (lo, hi) in enumerate(g.bounds):
-                buf = (
-                    g.master.detach().clone()
-                    if k == g.index
-                    else torch.empty(hi - lo, dtype=g.master.dtype, device=g.master.device)
-                )
-                dist.broadcast(buf, src=g.group.sharded[k], group=g.sharded_handle)
-                pieces.append(buf)
-            flat = torch.cat(pieces)
+            if g.shards_parameters:
+                continue  # gathered at the next use (:meth:`ensure_whole`)
+            flat = self._gather(g)
             offset = 0
             with torch.no_grad():
                 for p in _params(layers, g.group):
                     n = p.numel()
                     p.copy_(flat[offset : offset + n].view_as(p))
                     offset += n
+
+    @staticmethod
+    def _gather(g: _Group) -> torch.Tensor:
+        """Every sharded holder's slice of the group's flat parameters, joined (collective
+        over the sharded holders, in slice order)."""
+        assert g.master is not None
+        pieces = []
+        for k, (lo, hi) in enumerate(g.bounds):
+            buf = (
+                g.master.detach().clone()
+                if k == g.index
+                else torch.empty(hi - lo, dtype=g.master.dtype, device=g.master.device)
+            )
+            dist.broadcast(buf, src=g.group.sharded[k], group=g.sharded_handle)
+            pieces.append(buf)
+        return torch.cat(pieces)
+
+    def ensure_whole(self, layers: dict[int, nn.Module]) -> bool:
+        """``full``: gather released parameters into whole ones (collective over each group's
+        sharded holders; every holder calls it at the same point: before a step's forward or an
+        evaluation). Returns whether anything was gathered."""
+        gathered = False
+        for g in self.groups:
+            if not g.released:
+                continue
+            flat = self._gather(g)
+            offset = 0
+            for p in _params(layers, g.group):
+                n = int(torch.Size(self.shapes[id(p)]).numel())
+                p.data = flat[offset : offset + n].view(self.shapes[id(p)])
+                offset += n
+            g.released = False
+            gathered = True
+        return gathered
+
+    def released_weight_bytes(self) -> int:
+        """Bytes of the whole parameters released now (what a step holds once gathered)."""
+        total = 0
+        for g in self.groups:
+            if g.released and g.master is not None:
+                numel = g.bounds[-1][1]
+                total += numel * g.master.element_size()
+        return total
+
+    def materialize(self, layers: dict[int, nn.Module]) -> None:
+        """Give released parameters their whole shapes again (uninitialised) so that whole
+        states can be loaded into them; :meth:`load` then re-cuts the slices."""
+        for g in self.groups:
+            if g.released:
+                for p in _params(layers, g.group):
+                    p.data = torch.empty(self.shapes[id(p)], dtype=p.dtype, device=p.device)
+                g.released = False
 
     def layer_states(self, layers: dict[int, nn.Module]) -> dict[int, dict[str, Any]]:
         """This rank's part of its sharded layers' state: whole params, sliced optimizer."""
@@ -216,11 +283,21 @@ class ShardedState:
                 "orders": {i: self.orders[i] for i in g.group.layers},
                 "param_groups": {i: self.param_groups[i] for i in g.group.layers},
             }
-            for i in g.group.layers:
-                out[i] = {
-                    "params": tensor_parallel._local(layers[i].state_dict()),
-                    ZERO_KEY: record,
+            if g.released:
+                # Parameters live in the slices only: the slice travels, with the shapes and
+                # the buffers, and :func:`merge_sharded_states` joins the holders' slices.
+                assert g.master is not None
+                record["param_slice"] = g.master.detach().to("cpu", copy=True)
+                record["shapes"] = {
+                    i: {n: list(self.shapes[id(p)]) for n, p in layers[i].named_parameters()}
+                    for i in g.group.layers
                 }
+            for i in g.group.layers:
+                params = tensor_parallel._local(layers[i].state_dict())
+                if g.released:
+                    names = set(self.names[i])
+                    params = {k: v for k, v in params.items() if k not in names}  # buffers
+                out[i] = {"params": params, ZERO_KEY: record}
         return out
 
     def load(self, layers: dict[int, nn.Module], states: dict[int, dict[str, Any]]) -> None:
@@ -284,9 +361,10 @@ def merge_sharded_states(parts_by_layer: dict[int, list[dict[str, Any]]]) -> dic
                     flat[key] = torch.cat([s[key] for s in slices])
                 else:
                     flat[key] = value
+        whole_params = _joined_params(records, parts_by_layer)
         offset = 0
         for i in group_layers:
-            params = parts_by_layer[i][0]["params"]
+            params = whole_params.get(i, parts_by_layer[i][0]["params"])
             state: dict[int, dict[str, Any]] = {}
             names = records[0]["names"][i]
             index = {name: k for k, name in enumerate(records[0]["orders"][i])}
@@ -306,6 +384,33 @@ def merge_sharded_states(parts_by_layer: dict[int, list[dict[str, Any]]]) -> dic
             out[i] = {"params": params, "optimizer": {"state": state, "param_groups": groups}}
             done.add(i)
     return out
+
+
+def _joined_params(
+    records: Sequence[dict[str, Any]], parts_by_layer: dict[int, list[dict[str, Any]]]
+) -> dict[int, dict[str, torch.Tensor]]:
+    """``full`` records: layer -> whole params (and buffers) joined from every holder's
+    parameter slice; empty for groups whose holders keep whole parameters."""
+    if "param_slice" not in records[0]:
+        return {}
+    flat = torch.cat([r["param_slice"] for r in records])
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    offset = 0
+    for i in records[0]["layers"]:
+        params: dict[str, torch.Tensor] = {}
+        for name in records[0]["names"][i]:
+            shape = torch.Size(records[0]["shapes"][i][name])
+            params[name] = flat[offset : offset + shape.numel()].view(shape).clone()
+            offset += shape.numel()
+        params.update(parts_by_layer[i][0]["params"])  # buffers
+        out[i] = params
+    return out
+
+
+def _release(params: Sequence[nn.Parameter]) -> None:
+    """Free whole parameters (``full``): each becomes an empty tensor until gathered."""
+    for p in params:
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
 
 def check_recipe(plan: Plan, recipe: OptimizerRecipe, precision: str) -> None:

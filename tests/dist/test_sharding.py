@@ -42,6 +42,15 @@ CASES = {
     "3-sharded-gradients-4:3:1": plan_of(
         [(4, [whole("gradients")]), (3, [whole("gradients")]), (1, [whole("gradients")])]
     ),
+    # parameters sharded at rest too (ZeRO-3): gathered once a step, released after the backward
+    "3-sharded-full-4:3:1": plan_of(
+        [(4, [whole("full")]), (3, [whole("full")]), (1, [whole("full")])]
+    ),
+    # two fully sharded holders beside a pipelined unsharded replica: whole gradients are
+    # all-reduced over every holder, the sharded ones keep their slices
+    "2-full+pipeline-unsharded": plan_of(
+        [(3, [whole("full")]), (2, [whole("full")]), (3, [{"layers": [0, 2]}, {"layers": [2, 5]}])]
+    ),
     "3-sharded-optimizer-4:3:1": plan_of(
         [(4, [whole("optimizer")]), (3, [whole("optimizer")]), (1, [whole("optimizer")])]
     ),
@@ -81,10 +90,11 @@ def test_sharded_plan_matches_single_process(name: str) -> None:
             assert moments[j]["exp_avg"].shape == params[name].shape
 
 
-def test_sharded_over_3_to_unsharded_tp2_and_back() -> None:
+@pytest.mark.parametrize("level", ["gradients", "full"])
+def test_sharded_over_3_to_unsharded_tp2_and_back(level: str) -> None:
     """Steps 0-1 sharded over 3, step 2 on one unsharded tp-2 stage (whole states merged from
     the slices, cut again for tp), step 3 sharded over 3 again: single-process training."""
-    sharded = CASES["3-sharded-gradients-4:3:1"]
+    sharded = CASES[f"3-sharded-{level}-4:3:1"]
     tp2 = plan_of([(8, [whole(tp=2)])])
     first = run_local(engine_config(sharded), range(0, 2))
     middle = run_local(engine_config(tp2), range(2, 3), initial_states=first.layer_states)
