@@ -74,6 +74,11 @@ class RuntimePreset:
     # Whether the profiler's measured constants (a profile's ``runtime`` section) describe this
     # runtime: they are measured on our engine, so only our preset reads them.
     measured_constants: bool = False
+    # ``sharding: full``: how many layers' whole weights a sharded stage holds at once (FSDP: the
+    # layer it computes and the one it prefetches, gathered before each forward and backward);
+    # None: every layer of the stage, gathered once before the step (our engine,
+    # worker/sharding.py), which moves what ZeRO-2 moves.
+    gathered_layers: int | None = 2
 
     def state_terms(self, model: ModelSpec, training: TrainingSpec) -> StateTerms:
         """Per-parameter bytes of weights, gradients, optimizer state and weight copies."""
@@ -118,6 +123,7 @@ ORCHESTRATOR = RuntimePreset(
     "runtime section, else DeviceType.framework_overhead_bytes",
     fp32_training_state=True,
     measured_constants=True,
+    gathered_layers=None,  # worker/sharding.py gathers a step's parameters once
 )
 
 MEGATRON_DEEPSPEED = RuntimePreset(
