@@ -240,9 +240,9 @@ class StageEngine:
             self.config.rank,
             self.layers,
             self.optimizers,  # takes over (removes) the optimizers of its sharded layers
-            self.recipe.name,
-            self.recipe.learning_rate,
+            self.recipe,
             self.groups.handles,
+            tied_copies(self.model),
         )
         # Every holder of a gradient group must build the same buffers, so the choice is the
         # plan's, not the rank's: sharded groups that reduce their own gradients
@@ -294,7 +294,9 @@ class StageEngine:
             for g in self.sharding.groups:
                 if g.optimizer is not None:
                     optimizers.append(g.optimizer)
-                masters.extend(t for t in (g.master, g.grad_slice) if t is not None)
+                masters.extend(g.pieces)
+                if g.grad_slice is not None:
+                    masters.append(g.grad_slice)
         counted = memory_use(
             self.layers.values(), optimizers, self.runner.activations, self.device_memory, masters
         )
@@ -408,11 +410,17 @@ class StageEngine:
             if (i, name) not in copies
         ]
         total = squared_norm(counted, self.device)
+        if self.sharding is not None:
+            # a shard group's layers: each sharded holder counts its slice of the summed
+            # gradient where the group's writer shards (it then has no whole gradient)
+            total += self.sharding.squared_norm(owners)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         coefficient = clip_coefficient(float(total), max_norm)
         scale_gradients(
             (p for layer in self.layers.values() for p in layer.parameters()), coefficient
         )
+        if self.sharding is not None:
+            self.sharding.scale_gradients(coefficient)
 
     def apply_update(self) -> None:
         """The optimizer step of every layer this rank holds (stretched when emulated)."""

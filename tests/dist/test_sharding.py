@@ -6,13 +6,23 @@ per-layer state that restores into any plan.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from dist_cases import engine_config, layer_relative_errors, reference_params
+from dist_cases import (
+    DATA,
+    GPT_FACTORY,
+    TINY_GPT,
+    engine_config,
+    layer_relative_errors,
+    reference_params,
+)
 
 from orchestrator.spec.plan import Plan
 from orchestrator.worker.local import run_local
+from orchestrator.worker.recipe import OptimizerRecipe
+from orchestrator.worker.reference import ReferenceTrainer
 
 NUM_STEPS = 3
 RTOL = 1e-5
@@ -102,3 +112,42 @@ def test_sharded_over_3_to_unsharded_tp2_and_back(level: str) -> None:
     ref_params, _ = reference_params(sharded, 4, "adam")
     errors = layer_relative_errors(last.layer_states, ref_params)
     assert max(errors.values()) <= RTOL, errors
+
+
+# AdamW with weight decay on matrices only, betas of its own, and a clip the gradients exceed.
+RECIPE = OptimizerRecipe(
+    name="adamw", learning_rate=1e-3, weight_decay=0.1, beta2=0.95, grad_clip_norm=0.05
+)
+RECIPE_CASES = {
+    # the group's writer (lowest holder) shards: each holder's slice counts in the clip norm
+    "3-full-4:3:1": CASES["3-sharded-full-4:3:1"],
+    # the writer is an unsharded pipeline: it counts whole gradients, the sharded holders none
+    "unsharded-pipeline+2-gradients": plan_of(
+        [
+            (3, [{"layers": [0, 2]}, {"layers": [2, 5]}]),
+            (3, [whole("gradients")]),
+            (2, [whole("gradients")]),
+        ]
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPE_CASES))
+def test_sharded_plan_with_weight_decay_and_clipping_matches_single_process(name: str) -> None:
+    plan = RECIPE_CASES[name]
+    run = run_local(engine_config(plan, recipe=RECIPE), range(NUM_STEPS))
+    ref = ReferenceTrainer(GPT_FACTORY, dict(TINY_GPT), DATA, plan.global_batch_size, recipe=RECIPE)
+    unclipped = ReferenceTrainer(
+        GPT_FACTORY,
+        dict(TINY_GPT),
+        DATA,
+        plan.global_batch_size,
+        recipe=replace(RECIPE, grad_clip_norm=None),
+    )
+    for step in range(NUM_STEPS):
+        ref.train_step(step)
+        unclipped.train_step(step)
+    errors = layer_relative_errors(run.layer_states, ref.layer_params())
+    assert max(errors.values()) <= RTOL, errors
+    # the clip was active: without it the parameters end elsewhere
+    assert max(layer_relative_errors(run.layer_states, unclipped.layer_params()).values()) > 1e-4
