@@ -79,6 +79,10 @@ class RuntimePreset:
     # None: every layer of the stage, gathered once before the step (our engine,
     # worker/sharding.py), which moves what ZeRO-2 moves.
     gathered_layers: int | None = 2
+    # Whether a layer whose holders all shard its gradients is reduced after the backward,
+    # plan-wide (our engine: slice by slice, worker/topology.overlaps_grad_reduce), so no
+    # gradient reduction of such a plan overlaps the backward.
+    blocks_sharded_reduction: bool = False
 
     def state_terms(self, model: ModelSpec, training: TrainingSpec) -> StateTerms:
         """Per-parameter bytes of weights, gradients, optimizer state and weight copies."""
@@ -124,6 +128,7 @@ ORCHESTRATOR = RuntimePreset(
     fp32_training_state=True,
     measured_constants=True,
     gathered_layers=None,  # worker/sharding.py gathers a step's parameters once
+    blocks_sharded_reduction=True,
 )
 
 MEGATRON_DEEPSPEED = RuntimePreset(

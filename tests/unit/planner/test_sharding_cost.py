@@ -31,7 +31,9 @@ def _plan(level: str, replicas: int = 3, tp: int = 1) -> Plan:
 
 # Our state terms with FSDP's gathers: two layers whole at once, gathered before each forward
 # and backward.
-FSDP_LIKE = replace(ORCHESTRATOR, name="fsdp-like", gathered_layers=2)
+FSDP_LIKE = replace(
+    ORCHESTRATOR, name="fsdp-like", gathered_layers=2, blocks_sharded_reduction=False
+)
 
 
 def _estimate(plan: Plan, bandwidth: float = 1e30, runtime: RuntimePreset = FSDP_LIKE):
@@ -144,3 +146,15 @@ def test_sharded_holders_update_their_slice_only() -> None:
     ]
     assert costs[0].update_s == pytest.approx(2.0)  # 4 layers x 0.5 s
     assert costs[1].update_s == pytest.approx(2.0 / 3)
+
+
+def test_our_engine_reduces_fully_sharded_gradients_after_the_backward() -> None:
+    # a group whose holders all shard gradients reduces slice by slice after the backward
+    # (worker/topology.overlaps_grad_reduce): none of its all-reduce hides; ZeRO-1 still overlaps
+    zero2 = _estimate(_plan("gradients"), bandwidth=1e3, runtime=ORCHESTRATOR).devices[0]
+    assert zero2.allreduce_total_s > 0
+    assert zero2.allreduce_s >= zero2.allreduce_total_s
+    zero1 = _estimate(_plan("optimizer"), bandwidth=1e3, runtime=ORCHESTRATOR).devices[0]
+    plain = _estimate(_plan("none"), bandwidth=1e3, runtime=ORCHESTRATOR).devices[0]
+    assert plain.allreduce_s < plain.allreduce_total_s  # the unsharded all-reduce partly hides
+    assert zero1.allreduce_total_s == pytest.approx(plain.allreduce_total_s)
