@@ -132,6 +132,7 @@ RECIPE_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RECIPE_CASES))
 def test_sharded_plan_with_weight_decay_and_clipping_matches_single_process(name: str) -> None:
     plan = RECIPE_CASES[name]
