@@ -265,6 +265,8 @@ def blocking_reduction(plan: Plan) -> bool:
     (``worker/topology.overlaps_grad_reduce``, plan-wide): with a layer whose holders all shard
     its gradients (reduced slice by slice). The engine blocks with tensor-parallel stages too;
     that is not charged here yet."""
+    if not any(st.sharding.shards_gradients for rep in plan.replicas for st in rep.stages):
+        return False  # the common case, without the per-layer scan
     for layer in range(plan.num_layers):
         holders = [
             st for rep in plan.replicas for st in rep.stages if st.layers[0] <= layer < st.layers[1]
