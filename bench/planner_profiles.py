@@ -1,8 +1,9 @@
 """Chosen plans against the fluid bound and the two baselines, on clusters built from the
 measured profiles shipped with the package (converted from Sailor and Cephalo).
 
-Run: .venv/bin/python bench/planner_profiles.py [--sharded]
-(``--sharded``: with the sharded data-parallel candidate, ``SearchConfig(sharded=True)``)
+Run: .venv/bin/python bench/planner_profiles.py [--no-sharded]
+(the default search, with the sharded data-parallel candidate; ``--no-sharded``: without it,
+``SearchConfig(sharded=False)``, the search before it was on by default)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main() -> None:
             ]
         ).resolve()
         training = TrainingSpec(global_batch_size=batch, microbatch_sizes=[1, 2, 4, 8])
-        config = SearchConfig(sharded="--sharded" in sys.argv)
+        config = SearchConfig(sharded="--no-sharded" not in sys.argv)
         result = make_plan(cluster, model, training, builtin_profiles(model_name), config)
         cols = []
         for name in ("uniform_data_parallel", "fastest_type_only"):
@@ -55,6 +56,8 @@ def main() -> None:
         )
         if result.estimated_device_types:
             print(f"{'':<14} estimated (no profile): {', '.join(result.estimated_device_types)}")
+        for line in result.choices:
+            print(f"{'':<14} {line}")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 A6000 and P40 (one GPU per node), global batch 64, the Cephalo profiles shipped with the package.
 
 Compares, on the same cost model: our planner without the sharded data-parallel candidate
-(pipelines only, what it chose before), our planner with it, and Cephalo's split (every GPU a
-whole replica, batches [13, 12, 34, 5], training state sharded) at each sharding level and
-microbatch size. Prints step time, memory per GPU against capacity, and GPUs used.
+(pipelines only, ``SearchConfig(sharded=False)``), our planner's default search (with it), and
+Cephalo's split (every GPU a whole replica, batches [13, 12, 34, 5], training state sharded) at
+each sharding level and microbatch size. Prints step time, memory per GPU against capacity,
+and GPUs used.
 
 Run: .venv/bin/python bench/sharded_cephalo.py
 """
@@ -33,8 +34,8 @@ def main() -> None:
     training = TrainingSpec(global_batch_size=64, microbatch_sizes=[1, 2, 4, 8])
     profiles = builtin_profiles("GPT-2.7B-s512")
 
-    before = make_plan(cluster, model, training, profiles)
-    after = make_plan(cluster, model, training, profiles, SearchConfig(sharded=True))
+    before = make_plan(cluster, model, training, profiles, SearchConfig(sharded=False))
+    after = make_plan(cluster, model, training, profiles)  # the default search
     print(f"{'plan':<50} {'step s':>8} {'GPUs':>5} {'fits':>5}  memory GiB / capacity")
     for name, result in (("ours, pipelines only (before)", before), ("ours (after)", after)):
         est = result.estimate
@@ -48,6 +49,8 @@ def main() -> None:
                 f"{s.device_type}[{s.layers[0]},{s.layers[1]}) {s.sharding.value}" for s in r.stages
             )
             print(f"{'':<4}batch {r.batch_size:>3}: {stages}")
+        for line in result.choices:
+            print(f"{'':<4}{line}")
     layers = model.num_planner_layers
     nodes = [n.name for n in cluster.nodes]
     best = None

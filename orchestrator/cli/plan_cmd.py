@@ -149,6 +149,7 @@ def run_plan(args: argparse.Namespace) -> int:
             "baseline_reasons": {k: b.reason for k, b in result.baselines.items()},
             "search_time_s": result.search_time_s,
             "estimated_device_types": list(result.estimated_device_types),
+            "choices": list(result.choices),
             "devices": result.estimate.to_dict()["devices"],
             "precision": precision,
         }

@@ -22,7 +22,17 @@ def _fmt_s(seconds: float) -> str:
 
 def _stage_table(plan: Any, estimate: Any) -> Table:
     table = Table(title="Plan: replicas and stages", show_lines=False)
-    columns = ("replica", "batch", "stage", "layers", "device", "tp", "node", "recompute")
+    columns = (
+        "replica",
+        "batch",
+        "stage",
+        "layers",
+        "device",
+        "tp",
+        "sharding",
+        "node",
+        "recompute",
+    )
     for col in (*columns, "memory / limit"):
         table.add_column(col, justify="right" if col in ("batch", "tp") else "left")
     by_key = {(d.replica, d.stage): d for d in estimate.devices}
@@ -39,6 +49,7 @@ def _stage_table(plan: Any, estimate: Any) -> Table:
                 f"[{stage.layers[0]}, {stage.layers[1]})",
                 stage.device_type,
                 str(stage.tp),
+                stage.sharding.value if stage.sharding.value != "none" else "-",
                 stage.node or "-",
                 "yes" if stage.recompute else "-",  # activation recompute on its blocks
                 mem,
@@ -92,6 +103,8 @@ def print_plan_result(
         f"pipeline {_fmt_s(est.pipeline_s)}, all-reduce {_fmt_s(est.allreduce_s)}, "
         f"optimizer {_fmt_s(est.update_s)}; search took {result.search_time_s:.2f} s"
     )
+    for line in getattr(result, "choices", ()):
+        console.print(line)  # why it shards or not, its tp degrees (planner/layout_note.py)
     if precision is not None:
         console.print(
             f"precision: {precision['planned']} planned; {precision['suits_every_type']} suits "

@@ -302,13 +302,31 @@ def estimate_plan(
     return estimate_with_tables(plan, cluster, tables, schedule)
 
 
+def blocking_reduction(plan: Plan) -> bool:
+    """Whether our engine reduces this plan's gradients after the backward, not during it
+    (``worker/topology.overlaps_grad_reduce``, plan-wide): with a layer whose holders all shard
+    its gradients (reduced slice by slice). The engine blocks with tensor-parallel stages too;
+    that is not charged here yet."""
+    if not any(st.sharding.shards_gradients for rep in plan.replicas for st in rep.stages):
+        return False  # the common case, without the per-layer scan
+    for layer in range(plan.num_layers):
+        holders = [
+            st for rep in plan.replicas for st in rep.stages if st.layers[0] <= layer < st.layers[1]
+        ]
+        if len(holders) > 1 and all(st.sharding.shards_gradients for st in holders):
+            return True
+    return False
+
+
 def estimate_with_tables(
     plan: Plan, cluster: Cluster, tables: CostTables, schedule: str = "1f1b"
 ) -> Estimate:
     """Cost ``plan`` on ``cluster``: step time, throughput, memory per device."""
     allreduce_bytes: dict[tuple[int, int], list[float]] = {}
     allreduce = _allreduce_per_stage(tables, cluster, plan, allreduce_bytes)
-    overlapped = tables.runtime.overlaps_gradient_allreduce
+    overlapped = tables.runtime.overlaps_gradient_allreduce and not (
+        tables.runtime.blocks_sharded_reduction and blocking_reduction(plan)
+    )
     bucket_bytes = tables.runtime.grad_bucket_bytes
     devices: list[DeviceEstimate] = []
     pipeline_s = 0.0
@@ -366,6 +384,7 @@ def estimate_with_tables(
         tables.model,
         tables.training,
         lambda h: _holder_bandwidth(cluster, h, shard_message_bytes),
+        tables.runtime.gathered_layers,
     )
     tail = max(d.allreduce_s + d.update_s for d in devices)
     worst = max(devices, key=lambda d: d.allreduce_s + d.update_s)

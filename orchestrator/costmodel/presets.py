@@ -78,6 +78,15 @@ class RuntimePreset:
     # started once all of its layers' gradients are ready (the last bucket, holding the stage's
     # first layers, only after the whole backward); None: each layer on its own.
     grad_bucket_bytes: float | None = None
+    # ``sharding: full``: how many layers' whole weights a sharded stage holds at once (FSDP: the
+    # layer it computes and the one it prefetches, gathered before each forward and backward);
+    # None: every layer of the stage, gathered once before the step (our engine,
+    # worker/sharding.py), which moves what ZeRO-2 moves.
+    gathered_layers: int | None = 2
+    # Whether a layer whose holders all shard its gradients is reduced after the backward,
+    # plan-wide (our engine: slice by slice, worker/topology.overlaps_grad_reduce), so no
+    # gradient reduction of such a plan overlaps the backward.
+    blocks_sharded_reduction: bool = False
 
     def state_terms(self, model: ModelSpec, training: TrainingSpec) -> StateTerms:
         """Per-parameter bytes of weights, gradients, optimizer state and weight copies."""
@@ -125,6 +134,8 @@ ORCHESTRATOR = RuntimePreset(
     # worker/engine.py EngineConfig.grad_bucket_mb = 25 (DDP's bucket_cap_mb), in MiB; a model
     # whose gradients fit one bucket gets no overlap at all.
     grad_bucket_bytes=25.0 * 1024 * 1024,
+    gathered_layers=None,  # worker/sharding.py gathers a step's parameters once
+    blocks_sharded_reduction=True,
 )
 
 MEGATRON_DEEPSPEED = RuntimePreset(

@@ -72,11 +72,16 @@ def sharded_state_bytes(
 
 
 def gathered_bytes(
-    model: ModelSpec, training: TrainingSpec, layers: Sequence[int], tp: int
+    model: ModelSpec,
+    training: TrainingSpec,
+    layers: Sequence[int],
+    tp: int,
+    gathered_layers: int | None = GATHERED_LAYERS,
 ) -> float:
-    """Whole weights ZeRO-3 holds at once: the largest ``GATHERED_LAYERS`` of the stage's."""
+    """Whole weights ZeRO-3 holds at once: the largest ``gathered_layers`` of the stage's
+    (None: all of them, a runtime that gathers the step's parameters once)."""
     sizes = sorted((state_parts_bytes(model, training, i, tp)[0] for i in layers), reverse=True)
-    return sum(sizes[:GATHERED_LAYERS])
+    return sum(sizes if gathered_layers is None else sizes[:gathered_layers])
 
 
 def sync_extra_s(
@@ -114,8 +119,15 @@ def apply(
     model: ModelSpec,
     training: TrainingSpec,
     holder_bandwidth: Callable[[list[StageSpec]], float],
+    gathered_layers: int | None = GATHERED_LAYERS,
 ) -> list[DeviceEstimate]:
-    """The devices' estimates with sharded stages' memory and synchronisation adjusted."""
+    """The devices' estimates with sharded stages' memory and synchronisation adjusted.
+
+    ``gathered_layers`` is the runtime's (``RuntimePreset.gathered_layers``): with None, a
+    ``full`` stage gathers its whole parameters once before the step (not before each forward
+    and backward), so it moves what ``gradients`` moves and holds every layer's whole weights
+    during the step.
+    """
     out = list(devices)
     index = {(d.replica, d.stage): i for i, d in enumerate(out)}
     saved_bytes = [0.0] * len(out)
@@ -139,8 +151,12 @@ def apply(
             i = index[(r, s)]
             whole = sum(state_parts_bytes(model, training, layer, st.tp))
             saved_bytes[i] += whole - sharded_state_bytes(model, training, layer, st.tp, level, k)
+            # one gather a step (after the update, before the next forward): ZeRO-2's traffic
+            timed = (
+                Sharding.GRADIENTS if level is Sharding.FULL and gathered_layers is None else level
+            )
             fixed, hideable = sync_extra_s(
-                model, training, layer, st.tp, level, k, k == len(holders), bw
+                model, training, layer, st.tp, timed, k, k == len(holders), bw
             )
             extra_s[i] += fixed
             hideable_s[i] += hideable
@@ -151,7 +167,9 @@ def apply(
         stage = plan.replicas[d.replica].stages[d.stage]
         memory = d.memory_bytes - saved_bytes[i]
         if stage.sharding is Sharding.FULL:
-            memory += gathered_bytes(model, training, range(*stage.layers), stage.tp)
+            memory += gathered_bytes(
+                model, training, range(*stage.layers), stage.tp, gathered_layers
+            )
         # Prefetched gathers hide behind the stage's compute; the rest shows.
         exposed = max(0.0, hideable_s[i] - d.compute_s)
         out[i] = replace(

@@ -24,11 +24,13 @@ from orchestrator.costmodel import (
 from orchestrator.costmodel.precision import costed_inputs
 from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.errors import InfeasibleError
+from orchestrator.planner.layout_note import sharding_line, tp_line
 from orchestrator.planner.placement import place
 from orchestrator.planner.selection import SearchConfig, Selection, SelectionSearch
 from orchestrator.planner.sharded import sharded_data_parallel
 from orchestrator.planner.templates import TypeInfo, type_infos
 from orchestrator.spec.cluster import Cluster
+from orchestrator.spec.devices import Dtype
 from orchestrator.spec.model import AUTO_PRECISION, ModelSpec, TrainingSpec
 from orchestrator.spec.plan import Plan, ReplicaSpec, StageSpec
 from orchestrator.spec.profiles import ProfileSet
@@ -59,6 +61,8 @@ class PlanResult:
     estimated_device_types: tuple[str, ...] = field(default=())
     # Under training.precision: auto, the format chosen and why (planner/auto_precision.py).
     precision_choice: PrecisionDecision | None = None
+    # Why the plan shards or not, and its tp degrees (planner/layout_note.py).
+    choices: tuple[str, ...] = field(default=())
 
     @property
     def bound_step_time_s(self) -> float:
@@ -210,12 +214,23 @@ def make_plan(
     if uniform.plan is not None and uniform.estimate is not None:
         candidates.append((uniform.plan, uniform.estimate))
 
+    unsharded = min(
+        (c for c in candidates if c[1].fits),
+        key=lambda c: (c[1].step_time_s, c[0].to_json()),
+        default=None,
+    )
+    # The engine does not run fp16 loss scaling on sharded stages (worker/sharding.py).
+    not_tried = (
+        "fp16 loss scaling does not run sharded"
+        if training.runtime_precision is Dtype.FP16
+        else ("" if config.sharded else "turned off in the search")
+    )
     sharded = (
-        sharded_data_parallel(
+        None
+        if not_tried
+        else sharded_data_parallel(
             cluster, tables, training.global_batch_size, _microbatch_sizes(training)
         )
-        if config.sharded
-        else None
     )
     if sharded is not None:
         candidates.append(sharded)
@@ -223,6 +238,7 @@ def make_plan(
     plan, estimate = min(
         (c for c in candidates if c[1].fits), key=lambda c: (c[1].step_time_s, c[0].to_json())
     )
+    choices = (sharding_line(plan, unsharded, sharded, not_tried), tp_line(plan))
     if estimate.step_time_s < bound.step_time_s * (1 - 1e-9):
         raise AssertionError(
             f"cost model bug: estimate {estimate.step_time_s:.6g} s is below the fluid bound "
@@ -237,4 +253,5 @@ def make_plan(
         baselines={"uniform_data_parallel": uniform, "fastest_type_only": fastest_baseline},
         search_time_s=time.perf_counter() - started,
         estimated_device_types=estimate.estimated_device_types,
+        choices=choices,
     )

@@ -41,9 +41,9 @@ class SearchConfig:
     # is at most this large (beyond it, whole single-type replicas with uneven batch shares reach
     # the same speed and the extra candidates only cost search time).
     mixed_device_limit: int = 64
-    # The sharded data-parallel candidate (planner/sharded.py). Off by default: the engine runs
-    # sharded plans, the Ray runtime does not yet, and `orchestrator run` plans for the latter.
-    sharded: bool = False
+    # The sharded data-parallel candidate (planner/sharded.py), chosen where the cost model
+    # says it is faster than every unsharded plan.
+    sharded: bool = True
 
 
 @dataclass(frozen=True)

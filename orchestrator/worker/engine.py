@@ -240,9 +240,9 @@ class StageEngine:
             self.config.rank,
             self.layers,
             self.optimizers,  # takes over (removes) the optimizers of its sharded layers
-            self.recipe.name,
-            self.recipe.learning_rate,
+            self.recipe,
             self.groups.handles,
+            tied_copies(self.model),
         )
         # Every holder of a gradient group must build the same buffers, so the choice is the
         # plan's, not the rank's: sharded groups that reduce their own gradients
@@ -294,10 +294,17 @@ class StageEngine:
             for g in self.sharding.groups:
                 if g.optimizer is not None:
                     optimizers.append(g.optimizer)
-                masters.extend(t for t in (g.master, g.grad_slice) if t is not None)
-        self._last_memory = memory_use(
+                masters.extend(g.pieces)
+                if g.grad_slice is not None:
+                    masters.append(g.grad_slice)
+        counted = memory_use(
             self.layers.values(), optimizers, self.runner.activations, self.device_memory, masters
         )
+        if self.sharding is not None:
+            # ``full``: the step held whole parameters, released after its backward
+            held = counted.weights_bytes + self.sharding.released_weight_bytes()
+            counted = replace(counted, weights_bytes=held)
+        self._last_memory = counted
         return self._last_memory
 
     def train_step(self, step: int) -> StepResult:
@@ -314,6 +321,7 @@ class StageEngine:
         """This replica's share of the validation loss with the current weights (worker/
         evaluate.py); every rank calls it together. Not timed as part of the step."""
         assert self.runner is not None, "call setup() first"
+        self._gather_parameters()
         loss = evaluate.validation_loss(
             self.spec,
             self.runner.layers,
@@ -346,6 +354,7 @@ class StageEngine:
         # a layer kept across a change of plan may arrive with its last step's gradients.
         for layer in self.layers.values():
             layer.zero_grad(set_to_none=True)
+        self._gather_parameters()
         inputs, targets = self._batch(step)
         sizes = microbatch_sizes(self.spec.replica_batch_size, self.config.plan.microbatch_size)
         weights = [m / self.config.plan.global_batch_size for m in sizes]
@@ -381,6 +390,13 @@ class StageEngine:
         self._step = step
         return loss
 
+    def _gather_parameters(self) -> None:
+        """``sharding: full``: whole parameters from the shard group's slices before they are
+        used (collective over each group's sharded holders)."""
+        gathered = self.sharding is not None and self.sharding.ensure_whole(self.layers)
+        if gathered and self._activations is not None:  # gathered parameters: new storage
+            self._activations.track(p for layer in self.layers.values() for p in layer.parameters())
+
     def _clip_gradients(self, max_norm: float) -> None:
         """Clip by the global norm: each layer's squared norm counted by one holder (the lowest
         rank holding it; tied copies not at all), summed in one scalar all-reduce."""
@@ -394,11 +410,17 @@ class StageEngine:
             if (i, name) not in copies
         ]
         total = squared_norm(counted, self.device)
+        if self.sharding is not None:
+            # a shard group's layers: each sharded holder counts its slice of the summed
+            # gradient where the group's writer shards (it then has no whole gradient)
+            total += self.sharding.squared_norm(owners)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         coefficient = clip_coefficient(float(total), max_norm)
         scale_gradients(
             (p for layer in self.layers.values() for p in layer.parameters()), coefficient
         )
+        if self.sharding is not None:
+            self.sharding.scale_gradients(coefficient)
 
     def apply_update(self) -> None:
         """The optimizer step of every layer this rank holds (stretched when emulated)."""
@@ -501,6 +523,8 @@ class StageEngine:
                 fix="resume from a checkpoint of the same model",
             )
         restore_loss_scale((states[i] for i in self.layers), self.scaling)
+        if self.sharding is not None:
+            self.sharding.materialize(self.layers)  # ``full``: whole shapes to load into
         if self.spec.tp > 1:
             for i, layer in self.layers.items():
                 tensor_parallel.load_local(layer, self.optimizers[i], states[i], self.spec)

@@ -104,8 +104,12 @@ class ActivationAccount:
     """Saved-for-backward bytes per microbatch and the peak held at once during a step."""
 
     def __init__(self, parameters: Iterable[torch.Tensor]) -> None:
-        self._params = {_storage_key(_local(p))[0] for p in parameters}
+        self.track(parameters)
         self.reset()
+
+    def track(self, parameters: Iterable[torch.Tensor]) -> None:
+        """The parameters whose storage is not an activation (again after a gather moved them)."""
+        self._params = {_storage_key(_local(p))[0] for p in parameters}
 
     def reset(self) -> None:
         """Start a new step (nothing in flight)."""

@@ -10,6 +10,7 @@ clipping norm is one number summed over every stage and replica (:func:`clip_coe
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,6 +53,13 @@ def make_recipe_optimizer(
         )
         if g["params"]
     ]
+    return recipe_optimizer(recipe, groups)
+
+
+def recipe_optimizer(
+    recipe: OptimizerRecipe, groups: list[dict[str, Any]]
+) -> torch.optim.Optimizer:
+    """The recipe's optimizer over param ``groups`` that carry their own ``weight_decay``."""
     lr = recipe.learning_rate
     betas = (recipe.beta1, recipe.beta2)
     # adam's weight decay is the L2 term added to the gradient (torch.optim.Adam); adamw's is

@@ -78,8 +78,7 @@ def check_supported(plan: Plan) -> None:
 def check_executable(plan: Plan) -> None:
     """Raise :class:`SpecError` for plans the engine cannot execute.
 
-    Sharded stages must have tp 1 (a shard group splits whole-layer flat buffers), and
-    ``full`` (parameters sharded at rest) is planned and costed but not executed.
+    Sharded stages must have tp 1 (a shard group splits whole-layer flat buffers).
     """
     for r, replica in enumerate(plan.replicas):
         for s, stage in enumerate(replica.stages):
@@ -90,12 +89,6 @@ def check_executable(plan: Plan) -> None:
                     "run at tp 1",
                     field=where,
                     fix="set tp: 1 on sharded stages or sharding: none on tensor-parallel ones",
-                )
-            if stage.sharding is Sharding.FULL:
-                raise SpecError(
-                    "sharding 'full' (parameters sharded at rest) is planned but not executed",
-                    field=where,
-                    fix="use sharding: gradients (optimizer state and gradients sharded)",
                 )
 
 
@@ -257,7 +250,8 @@ def layer_copies(plan: Plan) -> dict[int, tuple[tuple[int, ...], ...]]:
     whole state (parameters and optimizer state), lowest rank first.
 
     A tensor-parallel stage's ranks are one copy (each holds a slice); the sharded holders of a
-    shard group are one copy (each holds whole parameters but a slice of the optimizer state);
+    shard group are one copy (each holds a slice of the optimizer state, and under ``full`` of
+    the parameters too);
     any other holder is a copy by itself. A layer survives the loss of some ranks while one of
     its copies has no lost rank.
     """

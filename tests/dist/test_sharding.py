@@ -6,13 +6,23 @@ per-layer state that restores into any plan.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from dist_cases import engine_config, layer_relative_errors, reference_params
+from dist_cases import (
+    DATA,
+    GPT_FACTORY,
+    TINY_GPT,
+    engine_config,
+    layer_relative_errors,
+    reference_params,
+)
 
 from orchestrator.spec.plan import Plan
 from orchestrator.worker.local import run_local
+from orchestrator.worker.recipe import OptimizerRecipe
+from orchestrator.worker.reference import ReferenceTrainer
 
 NUM_STEPS = 3
 RTOL = 1e-5
@@ -41,6 +51,15 @@ CASES = {
     # are equal: they are decoupled from the batch shares)
     "3-sharded-gradients-4:3:1": plan_of(
         [(4, [whole("gradients")]), (3, [whole("gradients")]), (1, [whole("gradients")])]
+    ),
+    # parameters sharded at rest too (ZeRO-3): gathered once a step, released after the backward
+    "3-sharded-full-4:3:1": plan_of(
+        [(4, [whole("full")]), (3, [whole("full")]), (1, [whole("full")])]
+    ),
+    # two fully sharded holders beside a pipelined unsharded replica: whole gradients are
+    # all-reduced over every holder, the sharded ones keep their slices
+    "2-full+pipeline-unsharded": plan_of(
+        [(3, [whole("full")]), (2, [whole("full")]), (3, [{"layers": [0, 2]}, {"layers": [2, 5]}])]
     ),
     "3-sharded-optimizer-4:3:1": plan_of(
         [(4, [whole("optimizer")]), (3, [whole("optimizer")]), (1, [whole("optimizer")])]
@@ -81,10 +100,11 @@ def test_sharded_plan_matches_single_process(name: str) -> None:
             assert moments[j]["exp_avg"].shape == params[name].shape
 
 
-def test_sharded_over_3_to_unsharded_tp2_and_back() -> None:
+@pytest.mark.parametrize("level", ["gradients", "full"])
+def test_sharded_over_3_to_unsharded_tp2_and_back(level: str) -> None:
     """Steps 0-1 sharded over 3, step 2 on one unsharded tp-2 stage (whole states merged from
     the slices, cut again for tp), step 3 sharded over 3 again: single-process training."""
-    sharded = CASES["3-sharded-gradients-4:3:1"]
+    sharded = CASES[f"3-sharded-{level}-4:3:1"]
     tp2 = plan_of([(8, [whole(tp=2)])])
     first = run_local(engine_config(sharded), range(0, 2))
     middle = run_local(engine_config(tp2), range(2, 3), initial_states=first.layer_states)
@@ -92,3 +112,43 @@ def test_sharded_over_3_to_unsharded_tp2_and_back() -> None:
     ref_params, _ = reference_params(sharded, 4, "adam")
     errors = layer_relative_errors(last.layer_states, ref_params)
     assert max(errors.values()) <= RTOL, errors
+
+
+# AdamW with weight decay on matrices only, betas of its own, and a clip the gradients exceed.
+RECIPE = OptimizerRecipe(
+    name="adamw", learning_rate=1e-3, weight_decay=0.1, beta2=0.95, grad_clip_norm=0.05
+)
+RECIPE_CASES = {
+    # the group's writer (lowest holder) shards: each holder's slice counts in the clip norm
+    "3-full-4:3:1": CASES["3-sharded-full-4:3:1"],
+    # the writer is an unsharded pipeline: it counts whole gradients, the sharded holders none
+    "unsharded-pipeline+2-gradients": plan_of(
+        [
+            (3, [{"layers": [0, 2]}, {"layers": [2, 5]}]),
+            (3, [whole("gradients")]),
+            (2, [whole("gradients")]),
+        ]
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RECIPE_CASES))
+def test_sharded_plan_with_weight_decay_and_clipping_matches_single_process(name: str) -> None:
+    plan = RECIPE_CASES[name]
+    run = run_local(engine_config(plan, recipe=RECIPE), range(NUM_STEPS))
+    ref = ReferenceTrainer(GPT_FACTORY, dict(TINY_GPT), DATA, plan.global_batch_size, recipe=RECIPE)
+    unclipped = ReferenceTrainer(
+        GPT_FACTORY,
+        dict(TINY_GPT),
+        DATA,
+        plan.global_batch_size,
+        recipe=replace(RECIPE, grad_clip_norm=None),
+    )
+    for step in range(NUM_STEPS):
+        ref.train_step(step)
+        unclipped.train_step(step)
+    errors = layer_relative_errors(run.layer_states, ref.layer_params())
+    assert max(errors.values()) <= RTOL, errors
+    # the clip was active: without it the parameters end elsewhere
+    assert max(layer_relative_errors(run.layer_states, unclipped.layer_params()).values()) > 1e-4

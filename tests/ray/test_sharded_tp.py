@@ -151,3 +151,34 @@ def test_replan_between_tp_sharded_and_plain_through_replicas_and_checkpoint(
         assert_matches(group.fetch_layer_states(), want[4], "tp 2 -> tp 1 via checkpoint")
     finally:
         group.stop()
+
+
+# Three whole-model replicas with parameters, gradients and optimizer state sharded (ZeRO-3),
+# uneven batch shares 4:3:1.
+FULLY_SHARDED = _plan(
+    [
+        (4, [{"layers": [0, 6], "device_type": A100, "sharding": "full"}]),
+        (3, [{"layers": [0, 6], "device_type": L4, "sharding": "full"}]),
+        (1, [{"layers": [0, 6], "device_type": L4, "sharding": "full"}]),
+    ]
+)
+
+
+@pytest.mark.slow
+def test_fully_sharded_run_replans_to_unsharded_through_replicas(ray_cluster: object) -> None:
+    """A fully sharded group's parameters live only in its slices between steps: fetched and
+    re-planned states are joined from them, and the unsharded plan continues the same run."""
+    want = reference(3)
+    group = ElasticWorkerGroup(tiny_job())
+    try:
+        group.launch(FULLY_SHARDED)
+        for _ in range(2):
+            group.step()
+        assert_matches(group.fetch_layer_states(), want[2], "fully sharded over 3, 2 steps")
+        report = group.reform(PLAIN, dead_ranks=set(), committed_steps=2, start_step=2)
+        # no layer is held whole by one rank under full sharding: every one is joined and moved
+        assert report.layers_kept == 0 and report.bytes_moved > 0, report.line()
+        group.step()
+        assert_matches(group.fetch_layer_states(), want[3], "full -> unsharded via replicas")
+    finally:
+        group.stop()

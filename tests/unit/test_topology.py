@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.runtime.placement import slots_for_plan
-from orchestrator.spec.plan import Plan
+from orchestrator.spec.plan import Plan, Sharding
 from orchestrator.worker import topology
 from orchestrator.worker.schedule import (
     BACKWARD,
@@ -149,7 +149,7 @@ def test_single_tp_group_needs_no_grad_group() -> None:
     assert topology.grad_groups(plan) == []
 
 
-def test_engine_refuses_sharding_at_tp_and_unexecuted_full() -> None:
+def test_engine_refuses_sharding_at_tp_and_executes_full() -> None:
     tp_sharded = _plan(
         [
             {
@@ -163,13 +163,24 @@ def test_engine_refuses_sharding_at_tp_and_unexecuted_full() -> None:
     )
     with pytest.raises(SpecError, match=r"stages\[0\].sharding"):
         topology.check_executable(tp_sharded)
-    full = _plan(
-        [{"batch_size": 1, "stages": [{"layers": [0, 4], "device_type": "A", "sharding": "full"}]}]
-    )
-    with pytest.raises(SpecError, match="not executed"):
-        topology.check_executable(full)
     with pytest.raises(SpecError, match="sharding"):
-        topology.check_supported(full)
+        topology.check_supported(tp_sharded)
+    full = _plan(
+        [
+            {
+                "batch_size": b,
+                "stages": [{"layers": [0, 4], "device_type": "A", "sharding": "full"}],
+            }
+            for b in (2, 1)
+        ]
+    )
+    topology.check_executable(full)
+    topology.check_supported(full)
+    (group,) = topology.shard_groups(full)
+    assert group.level is Sharding.FULL and group.all_sharded
+    # the two sharded holders are one copy: neither holds a layer whole by itself
+    assert topology.layer_copies(full)[0] == ((0, 1),)
+    assert topology.whole_layers(full, 0) == set()
 
 
 def test_layer_copies_of_tensor_parallel_and_sharded_holders() -> None:

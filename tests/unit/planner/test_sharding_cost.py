@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from orchestrator.costmodel import estimate_plan
+from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.costmodel.sharding import state_parts_bytes
 from orchestrator.errors import SpecError
 from orchestrator.spec import Plan
@@ -26,10 +29,22 @@ def _plan(level: str, replicas: int = 3, tp: int = 1) -> Plan:
     )
 
 
-def _estimate(plan: Plan, bandwidth: float = 1e30):
+# Our state terms with FSDP's gathers: two layers whole at once, gathered before each forward
+# and backward.
+FSDP_LIKE = replace(
+    ORCHESTRATOR, name="fsdp-like", gathered_layers=2, blocks_sharded_reduction=False
+)
+
+
+def _estimate(plan: Plan, bandwidth: float = 1e30, runtime: RuntimePreset = FSDP_LIKE):
     c = cluster(("fast", 3, 1), inter_node_bandwidth_bytes_per_s=bandwidth).resolve()
     return estimate_plan(
-        plan, c, model(2), training(plan.global_batch_size), profiles({"fast": 1.0}, 4)
+        plan,
+        c,
+        model(2),
+        training(plan.global_batch_size),
+        profiles({"fast": 1.0}, 4),
+        runtime=runtime,
     )
 
 
@@ -81,6 +96,25 @@ def test_full_sharding_gathers_hide_behind_compute_until_the_link_is_slow() -> N
     )
 
 
+def test_our_full_sharding_holds_the_stage_whole_and_moves_what_zero2_moves() -> None:
+    """Our engine gathers a step's parameters once (worker/sharding.py): during the step every
+    layer's weights are whole, the rest of the state is a third; traffic is ZeRO-2's."""
+    m, t = model(2), training(3)
+    parts = [state_parts_bytes(m, t, i, 1) for i in range(4)]
+    whole = _estimate(_plan("none"), runtime=ORCHESTRATOR).devices[0].memory_bytes
+    full = _estimate(_plan("full"), runtime=ORCHESTRATOR).devices[0].memory_bytes
+    total = sum(sum(p) for p in parts)
+    weights = sum(p[0] for p in parts)
+    assert whole - full == pytest.approx(total * 2 / 3 - weights, rel=1e-9)
+    for bandwidth in (1e30, 1e-2):
+        ours = _estimate(_plan("full"), bandwidth, ORCHESTRATOR).step_time_s
+        zero2 = _estimate(_plan("gradients"), bandwidth, ORCHESTRATOR).step_time_s
+        assert ours == pytest.approx(zero2, rel=1e-9)
+    # and never less memory than ZeRO-2 on our engine (the slices add to whole weights)
+    zero2_memory = _estimate(_plan("gradients"), runtime=ORCHESTRATOR).devices[0].memory_bytes
+    assert full >= zero2_memory
+
+
 def test_unsharded_plans_keep_their_json_and_sharding_round_trips() -> None:
     assert "sharding" not in _plan("none").to_json()
     plan = _plan("gradients")
@@ -112,3 +146,15 @@ def test_sharded_holders_update_their_slice_only() -> None:
     ]
     assert costs[0].update_s == pytest.approx(2.0)  # 4 layers x 0.5 s
     assert costs[1].update_s == pytest.approx(2.0 / 3)
+
+
+def test_our_engine_reduces_fully_sharded_gradients_after_the_backward() -> None:
+    # a group whose holders all shard gradients reduces slice by slice after the backward
+    # (worker/topology.overlaps_grad_reduce): none of its all-reduce hides; ZeRO-1 still overlaps
+    zero2 = _estimate(_plan("gradients"), bandwidth=1e3, runtime=ORCHESTRATOR).devices[0]
+    assert zero2.allreduce_total_s > 0
+    assert zero2.allreduce_s >= zero2.allreduce_total_s
+    zero1 = _estimate(_plan("optimizer"), bandwidth=1e3, runtime=ORCHESTRATOR).devices[0]
+    plain = _estimate(_plan("none"), bandwidth=1e3, runtime=ORCHESTRATOR).devices[0]
+    assert plain.allreduce_s < plain.allreduce_total_s  # the unsharded all-reduce partly hides
+    assert zero1.allreduce_total_s == pytest.approx(plain.allreduce_total_s)

@@ -1,0 +1,59 @@
+"""Why the plan shards (or not) and which tensor-parallel degrees it uses: lines for the plan
+output, from the candidates the search costed. Pure.
+"""
+
+from __future__ import annotations
+
+from orchestrator.costmodel import Estimate
+from orchestrator.spec.plan import Plan, Sharding
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.3f} s"
+
+
+def sharding_line(
+    chosen: Plan,
+    unsharded: tuple[Plan, Estimate] | None,
+    sharded: tuple[Plan, Estimate] | None,
+    not_tried: str = "",
+) -> str:
+    """One line: the sharding level chosen and the costed alternative it beat."""
+    levels = sorted({s.sharding.value for r in chosen.replicas for s in r.stages} - {"none"})
+    if levels and sharded is not None:
+        n = chosen.num_devices
+        against = (
+            f"{_s(unsharded[1].step_time_s)} for the best unsharded plan"
+            if unsharded is not None
+            else "no unsharded plan fits"
+        )
+        return (
+            f"sharding: {', '.join(levels)} over {n} devices, {_s(sharded[1].step_time_s)} a step "
+            f"against {against}"
+        )
+    if not_tried:
+        return f"sharding: none (sharded data parallel not tried: {not_tried})"
+    if sharded is None:
+        return "sharding: none (no sharded data-parallel plan over every device fits)"
+    level = sharded[0].replicas[0].stages[0].sharding
+    return (
+        f"sharding: none (sharded data parallel at {level.value} over every device would take "
+        f"{_s(sharded[1].step_time_s)} a step, not faster)"
+    )
+
+
+def tp_line(chosen: Plan) -> str:
+    """One line: the tensor-parallel degrees of the plan's stages, by device type."""
+    degrees: dict[str, set[int]] = {}
+    for replica in chosen.replicas:
+        for stage in replica.stages:
+            degrees.setdefault(stage.device_type, set()).add(stage.tp)
+    split = {t: sorted(d) for t, d in sorted(degrees.items()) if max(d) > 1}
+    if not split:
+        return "tp: 1 on every stage (no tensor-parallel stage was faster within a node)"
+    parts = [f"{t} tp {'/'.join(str(x) for x in d)}" for t, d in split.items()]
+    return f"tp: {', '.join(parts)} (within a node; the cost model found it faster)"
+
+
+def is_sharded(plan: Plan) -> bool:
+    return any(s.sharding is not Sharding.NONE for r in plan.replicas for s in r.stages)
