@@ -56,11 +56,15 @@ class MakePlanPlanner:
     def __call__(
         self, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
     ) -> PlanProposal:
-        from orchestrator.planner import make_plan  # the search is heavy; load it on first use
+        # The search is heavy; load it on first use.
+        from orchestrator.planner import make_plan
+        from orchestrator.planner.selection import SearchConfig
 
         cluster = cap_memory(snapshot.to_cluster(self.catalog), self.memory)
         cluster, profiles = derate(cluster, self.profiles, slowdown_by_node)
-        result = make_plan(cluster, self.model, self.training, profiles)
+        # A run that recovers from survivors shards only where memory forces it (SearchConfig).
+        search = SearchConfig(sharded_only_if_needed=True)
+        result = make_plan(cluster, self.model, self.training, profiles, search)
         plan = restore_type_names(result.plan)
         self._pin_precision(plan)
         note = ""

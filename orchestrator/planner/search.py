@@ -225,6 +225,8 @@ def make_plan(
         if training.runtime_precision is Dtype.FP16
         else ("" if config.sharded else "turned off in the search")
     )
+    if not not_tried and config.sharded_only_if_needed and unsharded is not None:
+        not_tried = "an unsharded plan fits, and it keeps every layer whole on a survivor"
     sharded = (
         None
         if not_tried

@@ -44,6 +44,10 @@ class SearchConfig:
     # The sharded data-parallel candidate (planner/sharded.py), chosen where the cost model
     # says it is faster than every unsharded plan.
     sharded: bool = True
+    # Keep the sharded candidate only where no unsharded plan fits. An elastic run wants every
+    # layer's whole state on some survivor: a lost shard holder costs the steps since the last
+    # checkpoint, which a few percent of step time does not buy back.
+    sharded_only_if_needed: bool = False
 
 
 @dataclass(frozen=True)

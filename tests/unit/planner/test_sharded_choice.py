@@ -92,3 +92,14 @@ def test_fp16_training_is_not_planned_sharded() -> None:
     result = make_plan(c, m, fp16, p)
     assert all(s.sharding is Sharding.NONE for r in result.plan.replicas for s in r.stages)
     assert "fp16 loss scaling" in result.choices[0]
+
+
+def test_an_elastic_search_keeps_layers_whole_where_an_unsharded_plan_fits() -> None:
+    # The controller's planner asks for sharding only where memory forces it: on Cephalo's
+    # example the pipelines fit, so the elastic run keeps every layer whole on some rank.
+    m, c, t, p = _cephalo()
+    elastic = make_plan(c, m, t, p, SearchConfig(sharded_only_if_needed=True))
+    unsharded = make_plan(c, m, t, p, SearchConfig(sharded=False))
+    assert all(s.sharding is Sharding.NONE for r in elastic.plan.replicas for s in r.stages)
+    assert elastic.plan == unsharded.plan
+    assert "keeps every layer whole on a survivor" in elastic.choices[0], elastic.choices
