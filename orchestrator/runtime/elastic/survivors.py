@@ -46,6 +46,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.control.ports import WarmStatus, WorkerLost
 from orchestrator.runtime.discovery import discover_nodes, emulated_reference_speed, slowdown_factor
+from orchestrator.runtime.elastic.warm import WarmActor, WarmPool, remove_placed
 from orchestrator.runtime.elastic.worker import ElasticWorkerActor
 from orchestrator.runtime.group import WorkerGroup, WorkerInfo
 from orchestrator.runtime.placement import (
@@ -97,20 +98,6 @@ class ReformReport:
         )
 
 
-@dataclass
-class _Warm:
-    """An actor started for a rank of a candidate plan before the switch."""
-
-    actor: Any
-    placed: PlacedGroup  # created, maybe not ready yet
-    info: WorkerInfo
-    uses_gpus: bool
-    target: tuple[str, int]  # (plan json, rank) it is warming for
-    ref: Any  # its latest warm() call
-    asked_unix_s: float  # when the actor was asked for (its warm-up counts from there)
-    result: dict[str, Any] | None = None
-
-
 class ElasticWorkerGroup(WorkerGroup):
     """A worker group of elastic ranks that survives changes of plan (see the module docstring)."""
 
@@ -128,7 +115,7 @@ class ElasticWorkerGroup(WorkerGroup):
         self._posted_lock = threading.Lock()
         self.last_abandon: tuple[str, float] | None = None  # (node, event -> abandon seconds)
         self._formed_at_s = 0.0  # wall time the current plan's group was formed
-        self._warm: list[_Warm] = []  # joiners started ahead of a switch (prepare)
+        self._warm = WarmPool()  # joiners started ahead of a switch (prepare)
         # Posted preemption notices: node -> (deadline, wall time posted) (see drain_on).
         self._posted_drain: dict[str, tuple[float, float]] = {}
         self._last_step_s = 0.0  # the last step's duration: how long the next one should take
@@ -175,7 +162,7 @@ class ElasticWorkerGroup(WorkerGroup):
                 ray.kill(a, no_restart=True)
         pgs, self._pgs = self._pgs, []
         for placed in pgs:
-            _remove(placed)
+            remove_placed(placed)
         self.drop_warm()
 
     # -- changing plan in place --------------------------------------------------------------
@@ -244,14 +231,14 @@ class ElasticWorkerGroup(WorkerGroup):
         fresh_pgs = place_each([requests[r] for r in missing], self.options.placement_timeout_s)
         for new, old in chosen.items():
             actors[new], pgs[new] = self._actors[old], self._pgs[old]
-            w = self.workers[old]
+            kept = self.workers[old]
             workers[new] = WorkerInfo(
                 new,
-                w.node_id,
-                w.node_name,
+                kept.node_id,
+                kept.node_name,
                 new_ranks[new].device_type,
-                w.slowdown_factor,
-                w.emulated,
+                kept.slowdown_factor,
+                kept.emulated,
             )
         for new, placed in zip(missing, fresh_pgs, strict=True):
             actors[new], workers[new] = self._spawn(new_ranks[new], placed, plan_json)
@@ -337,60 +324,32 @@ class ElasticWorkerGroup(WorkerGroup):
         held = {r: whole_layers(self.plan, r) for r in alive}
         chosen = _assign(new_ranks, requests, self._nodes, alive, self.workers, held)
         plan_json = plan.model_dump_json()
-        pool, self._warm = self._warm, []
+        earlier, self._warm = self._warm, WarmPool()
         for spec in new_ranks:
             request = requests[spec.rank]
             pin = request.label_selector.get(NODE_ID_LABEL)
             if spec.rank in chosen or pin is None:
                 continue
-            w = next(
-                (w for w in pool if w.info.node_id == pin and w.uses_gpus == request.uses_gpus),
-                None,
-            )
+            w = earlier.take(pin, request.uses_gpus)
             if w is None:
                 w = self._start_warm(spec, request, pin, plan_json)
             else:
-                pool.remove(w)
-                if w.target != (plan_json, spec.rank):  # warm it again for this plan's rank
-                    w.target, w.result = (plan_json, spec.rank), None
-                    w.ref = w.actor.warm.remote(plan_json, spec.rank)
-            self._warm.append(w)
-        for w in pool:  # warm for an earlier candidate, on a node this one does not use
-            self._stop_warm(w)
-        return sum(1 for w in self._warm if w.target[0] == plan_json)
+                w.rewarm(plan_json, spec.rank)
+            self._warm.actors.append(w)
+        earlier.stop_all()  # warm for an earlier candidate, on a node this one does not use
+        return len(self._warm.warming_for(plan_json))
 
     def prepared(self, plan: Plan) -> WarmStatus:
         """Whether every actor :meth:`prepare` started for ``plan`` is warm (never blocks)."""
-        plan_json = plan.model_dump_json()
-        mine = [w for w in self._warm if w.target[0] == plan_json]
-        waiting = [w for w in mine if w.result is None]
-        if waiting:
-            ready, _ = ray.wait([w.ref for w in waiting], num_returns=len(waiting), timeout=0)
-            done = set(ready)
-            for w in waiting:
-                if w.ref not in done:
-                    continue
-                try:
-                    w.result = ray.get(w.ref, timeout=0)
-                except Exception as exc:  # its node went, or the engine could not be built
-                    self._warm.remove(w)
-                    self._stop_warm(w)
-                    return WarmStatus(
-                        "failed", f"warming rank {w.target[1]} on {w.info.node_id}: {exc}"
-                    )
-        if any(w.result is None for w in mine):
-            return WarmStatus("warming")
-        return WarmStatus("ready", seconds=_warm_seconds(mine))
+        return self._warm.status(plan.model_dump_json())
 
     def drop_warm(self) -> None:
         """Stop the warm actors no plan has taken."""
-        pool, self._warm = self._warm, []
-        for w in pool:
-            self._stop_warm(w)
+        self._warm.stop_all()
 
     def _start_warm(
         self, spec: RankSpec, request: BundleRequest, node_id: str, plan_json: str
-    ) -> _Warm:
+    ) -> WarmActor:
         from ray.util.placement_group import placement_group
 
         asked_unix_s = time.time()
@@ -402,33 +361,21 @@ class ElasticWorkerGroup(WorkerGroup):
         placed = PlacedGroup(pg, (node_id,), (request,))
         actor, info = self._spawn(spec, placed, plan_json)  # scheduled once the group is ready
         ref = actor.warm.remote(plan_json, spec.rank)
-        return _Warm(
+        return WarmActor(
             actor, placed, info, request.uses_gpus, (plan_json, spec.rank), ref, asked_unix_s
         )
 
-    def _stop_warm(self, w: _Warm) -> None:
-        with contextlib.suppress(Exception):  # already dead
-            ray.kill(w.actor, no_restart=True)
-        _remove(w.placed)
-
     def _claim_warm(
         self, missing: Sequence[int], requests: Sequence[BundleRequest]
-    ) -> dict[int, _Warm]:
+    ) -> dict[int, WarmActor]:
         """New rank -> the warm actor it takes: one on its pinned node (a warm actor of an
         earlier candidate builds this rank's engine during the rendezvous instead)."""
-        pool = list(self._warm)
-        out: dict[int, _Warm] = {}
+        out: dict[int, WarmActor] = {}
         for rank in missing:
             request = requests[rank]
-            pin = request.label_selector.get(NODE_ID_LABEL)
-            w = next(
-                (w for w in pool if w.info.node_id == pin and w.uses_gpus == request.uses_gpus),
-                None,
-            )
+            w = self._warm.take(request.label_selector.get(NODE_ID_LABEL), request.uses_gpus)
             if w is not None:
-                pool.remove(w)
                 out[rank] = w
-        self._warm = pool
         return out
 
     def abandon_on(self, node_id: str, posted_at_s: float) -> None:
@@ -554,7 +501,7 @@ class ElasticWorkerGroup(WorkerGroup):
         actor = self._actors[old]
         with contextlib.suppress(Exception):  # already dead
             ray.kill(actor, no_restart=True)
-        _remove(self._pgs[old])
+        remove_placed(self._pgs[old])
 
     def _spawn(self, spec: RankSpec, placed: PlacedGroup, plan_json: str) -> tuple[Any, WorkerInfo]:
         reference = emulated_reference_speed(self._nodes)
@@ -614,23 +561,6 @@ def deadline_hits(deadlines: Mapping[str, float], nodes: set[str], step_ends_s: 
     return {n for n, deadline in deadlines.items() if n in nodes and deadline <= step_ends_s}
 
 
-def _warm_seconds(warm: Sequence[_Warm]) -> dict[str, float]:
-    """The slowest warm actor's time by part: asked -> actor constructed (placement, process
-    start), torch imported, engine built; and asked -> ready in all."""
-    out = {"start_s": 0.0, "import_s": 0.0, "build_s": 0.0, "total_s": 0.0}
-    for w in warm:
-        r = w.result or {}
-        parts = {
-            "start_s": float(r.get("created_unix_s", w.asked_unix_s)) - w.asked_unix_s,
-            "import_s": float(r.get("import_s", 0.0)),
-            "build_s": float(r.get("build_s", 0.0)),
-            "total_s": float(r.get("ready_unix_s", w.asked_unix_s)) - w.asked_unix_s,
-        }
-        if parts["total_s"] >= out["total_s"]:
-            out = parts
-    return out
-
-
 def _assign(
     new_ranks: Sequence[RankSpec],
     requests: Sequence[BundleRequest],
@@ -675,8 +605,3 @@ def _live_copies(plan: Plan, alive: set[int]) -> dict[int, list[tuple[int, ...]]
         layer: [c for c in copies if set(c) <= alive]
         for layer, copies in layer_copies(plan).items()
     }
-
-
-def _remove(placed: PlacedGroup) -> None:
-    with contextlib.suppress(Exception):  # the placement group went with its node
-        placed.remove()
