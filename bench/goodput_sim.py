@@ -3,10 +3,10 @@
 For each cluster size (mixed H100 / A100-80 nodes of 8 GPUs) and each failure rate (Meta's Llama 3
 rate, 419 unexpected interruptions in 54 days on 16,384 GPUs, and ``--harsh`` times it), the real
 elastic controller is stepped through a Poisson trace of node interruptions on simulated time
-(orchestrator/control/sim), each interrupted node replaced by a new one after ``--replace-min``
+(orchestrator/sim), each interrupted node replaced by a new one after ``--replace-min``
 minutes. The planner is the real one (its wall time is charged to the simulated clock); steps take
 the cost model's predicted step time; recovery costs come from figures measured on the local
-cluster, scaled by the model in orchestrator/control/sim/costs.py. Printed per scenario:
+cluster, scaled by the model in orchestrator/sim/costs.py. Printed per scenario:
 
 - goodput: committed samples per second over the same run without failures, for our controller
   with state moved as the runtime does today (through the controller), for the keep-survivors
@@ -29,11 +29,11 @@ import statistics
 from dataclasses import replace
 
 from orchestrator.control.planning import MakePlanPlanner
-from orchestrator.control.sim.costs import CostModel, StateMove
-from orchestrator.control.sim.planner import TimedPlanner
-from orchestrator.control.sim.restart import RestartModel, simulate_restart
-from orchestrator.control.sim.run import Outcome, Scenario, goodput, simulate
-from orchestrator.control.sim.trace import (
+from orchestrator.sim.costs import CostModel, StateMove
+from orchestrator.sim.planner import TimedPlanner
+from orchestrator.sim.restart import RestartModel, simulate_restart
+from orchestrator.sim.run import Outcome, Scenario, goodput, simulate
+from orchestrator.sim.trace import (
     SECONDS_PER_DAY,
     empty_trace,
     llama3_rate_per_gpu_s,

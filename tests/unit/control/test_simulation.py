@@ -10,11 +10,11 @@ from control_fakes import NUM_LAYERS, FakePlanner
 
 from orchestrator.control.planning import MakePlanPlanner
 from orchestrator.control.recovery import RestoreKind
-from orchestrator.control.sim.costs import CostModel, StateMove
-from orchestrator.control.sim.planner import TimedPlanner
-from orchestrator.control.sim.restart import RestartModel, simulate_restart
-from orchestrator.control.sim.run import Scenario, goodput, simulate
-from orchestrator.control.sim.trace import (
+from orchestrator.sim.costs import CostModel, StateMove
+from orchestrator.sim.planner import TimedPlanner
+from orchestrator.sim.restart import RestartModel, simulate_restart
+from orchestrator.sim.run import Scenario, goodput, simulate
+from orchestrator.sim.trace import (
     FailureTrace,
     empty_trace,
     llama3_rate_per_gpu_s,

@@ -6,5 +6,7 @@ real :class:`~orchestrator.control.planning.MakePlanPlanner` (``planner.py``), w
 charged to the simulated clock. Failures come from a Poisson trace (``trace.py``); what each
 recovery costs in simulated seconds comes from measured figures scaled by the stated model in
 ``costs.py``. ``restart.py`` plays the same trace through a checkpoint-restart baseline.
-``run.py`` ties them together. Nothing here imports a framework: this is part of the pure core.
+``run.py`` ties them together. A client of the controller, not part of it: it imports control,
+policies, planner, costmodel and spec, no framework, and nothing in the package imports it
+(``bench/goodput_sim.py`` and the tests drive it).
 """

@@ -16,11 +16,11 @@ from orchestrator.control.config import ControllerConfig
 from orchestrator.control.controller import Controller
 from orchestrator.control.events import EventKind
 from orchestrator.control.ports import Planner, PlanProposal
-from orchestrator.control.sim.costs import CostModel
-from orchestrator.control.sim.planner import TimedPlanner
-from orchestrator.control.sim.trace import FailureTrace
-from orchestrator.control.sim.world import SimClock, SimCluster, SimStore, SimWorkers
 from orchestrator.policies.failure import FailurePolicy
+from orchestrator.sim.costs import CostModel
+from orchestrator.sim.planner import TimedPlanner
+from orchestrator.sim.trace import FailureTrace
+from orchestrator.sim.world import SimClock, SimCluster, SimStore, SimWorkers
 from orchestrator.spec.snapshot import ClusterSnapshot, NodeInfo
 
 # A run at scale survives any number of interruptions; the backoff is the policy's default.
@@ -102,7 +102,7 @@ def simulate(
         return proposal
 
     if logger is None:
-        logger = logging.getLogger("orchestrator.control.sim")
+        logger = logging.getLogger("orchestrator.sim")
         logger.disabled = True
     controller = Controller(
         config=ControllerConfig(

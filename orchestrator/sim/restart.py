@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.control.sim.trace import FailureTrace
+from orchestrator.sim.trace import FailureTrace
 
 # Measured (docs/benchmarks.md): Ray Train v2 with its defaults, crash -> first step 69.2 s and
 # join -> first step at the larger size 67.3 s; its controller polls reports every 2 s.

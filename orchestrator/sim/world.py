@@ -19,8 +19,8 @@ from types import MappingProxyType
 
 from orchestrator.control.ports import PlanProposal, WorkerLost
 from orchestrator.control.recovery import CheckpointRef, LayerState, RestoreSource
-from orchestrator.control.sim.costs import CostModel
-from orchestrator.control.sim.trace import FailureTrace
+from orchestrator.sim.costs import CostModel
+from orchestrator.sim.trace import FailureTrace
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import StepReport
 from orchestrator.spec.snapshot import ClusterSnapshot, NodeInfo
