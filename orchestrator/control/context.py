@@ -23,6 +23,7 @@ from orchestrator.control.ports import (
     CheckpointStore,
     Clock,
     ClusterProbe,
+    KeepsSurvivors,
     PlanEstimator,
     Planner,
     PlanProposal,
@@ -215,7 +216,7 @@ class RunContext:
     def keeps_survivors(self) -> bool:
         """Whether the worker port re-forms its live workers in place across a change of plan
         (then a REPLICAS restore without states means: the state stays in the workers)."""
-        return bool(getattr(self.workers, "keeps_survivors", False))
+        return isinstance(self.workers, KeepsSurvivors) and self.workers.keeps_survivors
 
     def read_all_layers(
         self, avoid_ranks: set[int] | frozenset[int] = frozenset(), *, read: bool = True

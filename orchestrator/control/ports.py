@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from orchestrator.control.recovery import CheckpointRef, LayerState, RestoreSource
@@ -53,15 +54,23 @@ class PlanProposal:
 
 @runtime_checkable
 class ClusterProbe(Protocol):
-    """Reads the cluster: about once a second in the running state.
-
-    A probe may also offer ``take_news() -> bool``: True (once) when a node event was posted
-    since the last call; the controller then polls at the next step boundary instead of
-    waiting for the poll interval (a drain is acted on within a step, not a poll period).
-    """
+    """Reads the cluster: about once a second in the running state (see also
+    :class:`TellsNews`)."""
 
     def snapshot(self) -> ClusterSnapshot:
         """Alive and draining nodes now; may raise :class:`TransientError` (retried)."""
+        ...
+
+
+@runtime_checkable
+class TellsNews(Protocol):
+    """A probe that knows when a node event was posted. Optional: without it the controller
+    looks at the cluster every poll interval only."""
+
+    def take_news(self) -> bool:
+        """True (once) when a node event was posted since the last call; the controller then
+        polls at the next step boundary (a drain is acted on within a step, not a poll
+        period)."""
         ...
 
 
@@ -102,14 +111,60 @@ class WorkerGroupPort(Protocol):
         ...
 
 
+class ReformFacts(Protocol):
+    """What a port that keeps survivors reports of its last change of plan."""
+
+    @property
+    def bytes_moved(self) -> int: ...
+
+    @property
+    def actors_started(self) -> int: ...
+
+    @property
+    def actors_warm(self) -> int: ...
+
+    @property
+    def seconds(self) -> Mapping[str, float] | None: ...
+
+    def line(self) -> str: ...
+
+
+@runtime_checkable
+class KeepsSurvivors(Protocol):
+    """A worker port that may re-form its live workers in place across a change of plan
+    (``keeps_survivors`` True): a REPLICAS restore without states then means the state stays in
+    the workers. Optional: a port without it is started afresh on every plan."""
+
+    keeps_survivors: bool
+
+
+@runtime_checkable
+class ReportsReform(Protocol):
+    """A worker port that tells what its last change of plan moved and kept. Optional."""
+
+    @property
+    def last_reform(self) -> ReformFacts | None:
+        """What the last :meth:`WorkerGroupPort.launch` moved and kept (None: a fresh start)."""
+        ...
+
+
+class WarmState(StrEnum):
+    WARMING = "warming"
+    READY = "ready"
+    FAILED = "failed"
+
+
 @dataclass(frozen=True)
 class WarmStatus:
-    """Whether the new workers of a candidate plan are warm: ``warming``, ``ready`` or
-    ``failed`` (``detail`` says why); ``seconds``: where the slowest one's warm-up went."""
+    """Whether the new workers of a candidate plan are warm (``detail``: why they failed);
+    ``seconds``: where the slowest one's warm-up went."""
 
-    state: str
+    state: WarmState
     detail: str = ""
     seconds: Mapping[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", WarmState(self.state))  # a port may pass the value
 
 
 @runtime_checkable

@@ -17,7 +17,7 @@ from dataclasses import replace
 from orchestrator.control import classified, readmission
 from orchestrator.control.context import RunContext
 from orchestrator.control.events import EventKind, PlanReason
-from orchestrator.control.ports import WarmStatus, WorkerLost
+from orchestrator.control.ports import PreparesWorkers, TellsNews, WarmState, WorkerLost
 from orchestrator.control.recovery import (
     RestoreKind,
     RestoreSource,
@@ -100,20 +100,22 @@ def run_one(ctx: RunContext, s: RunningState) -> ControllerState:
 
 def _news(ctx: RunContext) -> bool:
     """Whether a node event was posted since the last look (probes that can tell)."""
-    take = getattr(ctx.probe, "take_news", None)
-    return bool(take()) if take is not None else False
+    return isinstance(ctx.probe, TellsNews) and ctx.probe.take_news()
 
 
 def _pending_switch(ctx: RunContext, s: RunningState, p: PendingSwitch) -> ControllerState:
     """RESIZING once the pending switch's new workers are warm (or the wait timed out); the
     state without it when they failed; ``s`` itself while they warm (train on)."""
-    status: WarmStatus = ctx.workers.prepared(p.proposal.plan)  # type: ignore[attr-defined]
+    if not isinstance(ctx.workers, PreparesWorkers):  # only such a port starts a pending switch
+        return replace(s, pending=None)
+    status = ctx.workers.prepared(p.proposal.plan)
     waited_s = ctx.now_s() - p.since_s
-    if status.state == "warming" and waited_s < WARM_TIMEOUT_S and ctx.now_s() < p.switch_by_s:
+    warming = status.state is WarmState.WARMING
+    if warming and waited_s < WARM_TIMEOUT_S and ctx.now_s() < p.switch_by_s:
         return s
-    if status.state == "failed" and p.evacuate_nodes:  # evacuate all the same
+    if status.state is WarmState.FAILED and p.evacuate_nodes:  # evacuate all the same
         ctx.journal.logger.warning("warming the evacuation's workers failed: %s", status.detail)
-    elif status.state == "failed":
+    elif status.state is WarmState.FAILED:
         ctx.record(
             EventKind.REPLAN_SKIPPED,
             f"{p.trigger}: the new plan's workers did not warm up ({status.detail}); "
@@ -123,7 +125,7 @@ def _pending_switch(ctx: RunContext, s: RunningState, p: PendingSwitch) -> Contr
         )
         return replace(s, pending=None)
     seconds = dict(status.seconds or {})
-    ready = status.state == "ready"
+    ready = status.state is WarmState.READY
     ctx.record(
         EventKind.WARM_READY,
         (
@@ -229,7 +231,7 @@ def _evacuate(
     """Leave the draining ``nodes``: with a port that can warm workers, plan without them now
     and, when that plan needs new workers, warm them while training goes on (switching by the
     deadline, less the expected switch, whether they are warm or not); else RESIZING re-plans."""
-    if getattr(ctx.workers, "prepare", None) is None:
+    if not isinstance(ctx.workers, PreparesWorkers):
         return ResizingState(ctx.now_s(), PlanReason.PREEMPTION, None, nodes)
     try:
         candidate = ctx.plan_for(snap)  # the usable nodes: the draining ones left out
@@ -311,11 +313,10 @@ def _consider_switch(
 
 def _prepare(ctx: RunContext, plan: Plan) -> int:
     """Ask a port that can warm workers to start the plan's new ones; how many it started."""
-    prepare = getattr(ctx.workers, "prepare", None)
-    if prepare is None:
+    if not isinstance(ctx.workers, PreparesWorkers):
         return 0
     try:
-        return int(prepare(plan))
+        return ctx.workers.prepare(plan)
     except Exception as exc:  # warming is an optimisation: the switch's re-formation judges it
         ctx.journal.logger.warning("warming the new plan's workers failed: %s", exc)
         return 0

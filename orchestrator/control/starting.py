@@ -14,7 +14,7 @@ from dataclasses import replace
 from orchestrator.control.context import RunContext
 from orchestrator.control.events import EventKind, PlanReason
 from orchestrator.control.measure import PlanMeasurements
-from orchestrator.control.ports import PlanProposal, WorkerLost
+from orchestrator.control.ports import PlanProposal, ReportsReform, WorkerLost
 from orchestrator.control.recovery import RestoreKind, RestoreSource, with_layer_sources
 from orchestrator.control.states import (
     ControllerState,
@@ -132,7 +132,7 @@ def launch(ctx: RunContext, s: LaunchingState) -> ControllerState:
         recent_window=ctx.config.straggler_window_steps,
     )
     led.stragglers = new_detector(ctx, s.proposal)
-    moved = getattr(ctx.workers, "last_reform", None)  # set by ports that keep survivors
+    moved = ctx.workers.last_reform if isinstance(ctx.workers, ReportsReform) else None
     led.switch_cost.launched(in_place=moved is not None and moved.actors_started == 0)
     ctx.record(
         EventKind.PLAN_CHOSEN,
@@ -141,10 +141,10 @@ def launch(ctx: RunContext, s: LaunchingState) -> ControllerState:
         + (f", {restore.lost_steps} steps lost" if restore.lost_steps else "")
         + (f"; re-formed in place: {moved.line()}" if moved is not None else ""),
         reason=s.reason,
-        bytes_moved=getattr(moved, "bytes_moved", None),
-        actors_started=getattr(moved, "actors_started", None),
-        actors_warm=getattr(moved, "actors_warm", None),
-        **{f"reform_{k}": float(v) for k, v in (getattr(moved, "seconds", None) or {}).items()},
+        bytes_moved=None if moved is None else moved.bytes_moved,
+        actors_started=None if moved is None else moved.actors_started,
+        actors_warm=None if moved is None else moved.actors_warm,
+        **{f"reform_{k}": float(v) for k, v in ((moved.seconds if moved else None) or {}).items()},
         **restore.summary(),
     )
     p = s.proposal

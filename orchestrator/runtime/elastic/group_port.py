@@ -28,7 +28,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.control.ports import CheckpointStore, WarmStatus, WorkerLost
+from orchestrator.control.ports import CheckpointStore, WarmState, WarmStatus, WorkerLost
 from orchestrator.control.recovery import LayerState, RestoreKind, RestoreSource
 from orchestrator.runtime.actor import WorkerJob
 from orchestrator.runtime.elastic.survivors import ElasticWorkerGroup, ReformReport
@@ -188,11 +188,11 @@ class RayWorkerGroupPort:
         """Whether the workers :meth:`prepare` started for ``plan`` are warm (never blocks)."""
         group = self._group
         if group is None:
-            return WarmStatus("failed", "the worker group is gone")
+            return WarmStatus(WarmState.FAILED, "the worker group is gone")
         try:
             return group.prepared(plan)
         except Exception as exc:  # the GCS busy, say: the switch goes ahead without them
-            return WarmStatus("failed", f"{type(exc).__name__}: {exc}")
+            return WarmStatus(WarmState.FAILED, f"{type(exc).__name__}: {exc}")
 
     def abandon_on(self, node_id: str, posted_at_s: float) -> None:
         """A posted event reports ``node_id`` lost: a step in flight with a rank there is

@@ -15,7 +15,7 @@ from control_fakes import NUM_LAYERS, FakePlanner, FakeWorkerGroup, make_harness
 
 from orchestrator.control.events import ControllerStateName, EventKind
 from orchestrator.control.measure import SwitchCostMeter
-from orchestrator.control.ports import WarmStatus
+from orchestrator.control.ports import WarmState, WarmStatus
 from orchestrator.control.states import ResizingState, RunningState
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.snapshot import ClusterSnapshot
@@ -60,11 +60,11 @@ class WarmingWorkerGroup(FakeWorkerGroup):
 
     def prepared(self, plan: Plan) -> WarmStatus:
         if self.fail_warm:
-            return WarmStatus("failed", "the joiner's actor died")
+            return WarmStatus(WarmState.FAILED, "the joiner's actor died")
         new = _nodes_of(plan) - set(self.rank_node.values())
         if any(self.warm.get(n, float("inf")) > self.clock.now_s() for n in new):
-            return WarmStatus("warming")
-        return WarmStatus("ready", seconds={"total_s": self.warm_s})
+            return WarmStatus(WarmState.WARMING)
+        return WarmStatus(WarmState.READY, seconds={"total_s": self.warm_s})
 
     def launch(self, plan, restore) -> None:
         new = _nodes_of(plan) - self.ran_on
