@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from operators.hetero.nodes import NodeState
 from operators.hetero.spec import JobSpec, PoolSpec
+from orchestrator.spec.labels import POOL_LABEL
 
 
 def pool_matches(pool: PoolSpec, node: NodeState) -> bool:
@@ -56,9 +57,6 @@ def replica_patch(raycluster: dict[str, Any], desired: dict[str, int]) -> dict[s
             changed = True
         new_groups.append(group)
     return {"spec": {"workerGroupSpecs": new_groups}} if changed else None
-
-
-POOL_LABEL = "orchestrator.io/pool"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,13 @@ import yaml
 from operators.hetero import GROUP, KIND, VERSION
 from operators.hetero.devices import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from operators.hetero.spec import JobSpec, PoolSpec
-from orchestrator.spec.labels import ACCELERATOR_LABEL, DEVICE_TYPE_LABEL, JOB_LABEL, POOL_LABEL
+from orchestrator.spec.labels import (
+    ACCELERATOR_LABEL,
+    DEVICE_TYPE_LABEL,
+    JOB_LABEL,
+    NODE_NAME_LABEL,
+    POOL_LABEL,
+)
 
 JOB_FILE_DIR = "/etc/orchestrator"
 JOB_FILE = f"{JOB_FILE_DIR}/job.yaml"
@@ -24,7 +30,6 @@ METRICS_PORT_NAME = "orch-metrics"
 # The Kubernetes Node a Ray pod runs on, as a Ray node label: the downward API puts spec.nodeName
 # into K8S_NODE_NAME, and Ray reads extra node labels (JSON) from RAY_OVERRIDE_LABELS at
 # `ray start`; Kubernetes expands $(K8S_NODE_NAME) there because it is defined first.
-NODE_NAME_LABEL = "orchestrator.io/node-name"
 NODE_NAME_ENV = "K8S_NODE_NAME"
 RAY_LABELS_ENV = "RAY_OVERRIDE_LABELS"
 TOKEN_DIR = "/var/run/orchestrator/node-events"

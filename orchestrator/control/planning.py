@@ -23,7 +23,7 @@ from orchestrator.errors import InfeasibleError
 from orchestrator.policies.oom import MemoryCaps
 from orchestrator.spec.cluster import Cluster, Node
 from orchestrator.spec.devices import DeviceCatalog, DeviceType
-from orchestrator.spec.model import AUTO_PRECISION, ModelSpec, TrainingSpec
+from orchestrator.spec.model import AUTO_PRECISION, ModelSpec, Schedule, TrainingSpec
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileFile, ProfileSet
 from orchestrator.spec.snapshot import ClusterSnapshot
@@ -111,7 +111,7 @@ class FixedPlanner:
         training: TrainingSpec,
         profiles: ProfileSet | None = None,
         *,
-        schedule: str = "1f1b",
+        schedule: Schedule = Schedule.ONE_F_ONE_B,
         catalog: DeviceCatalog | None = None,
     ) -> None:
         self.plan = plan

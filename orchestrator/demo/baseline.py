@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.control.events import PlanReason
 from orchestrator.demo.scenario import DemoScenario, demo_job
 from orchestrator.planner import make_plan
 from orchestrator.spec.cluster import Cluster, Node
@@ -97,32 +98,28 @@ def first_plan(scenario: DemoScenario, profiles: ProfileSet | None) -> FirstPlan
 
 
 class UniformLine:
-    """Prints the uniform data-parallel line once, right after the run's initial plan."""
+    """Prints the uniform data-parallel line once, right after the run's initial plan.
+
+    The run's progress lines of a plan precede its ``PlanApplied`` update, so the lines read
+    after the update is seen include them: the line is taken after those."""
 
     def __init__(self, first: FirstPlan | None) -> None:
         self.first = first
         self.planner_step_s: float | None = None
         self._pending: str | None = None
         self._done = False
-        self._plan_printed = False
 
-    def on_plan(self, reason: str, predicted_step_s: float) -> None:
+    def on_plan(self, reason: PlanReason, predicted_step_s: float) -> None:
         """A plan was put into effect; the first one (``initial``) gets the line."""
-        if self._done or self.first is None or reason != "initial":
+        if self._done or self.first is None or reason is not PlanReason.INITIAL:
             return
         self._done = True
         self.planner_step_s = predicted_step_s
         self._pending = "  " + self.first.uniform_text(predicted_step_s)
 
-    def saw_line(self, line: str) -> None:
-        """A line of the run was printed; the plan's own lines come as one batch."""
-        if line.startswith("plan ("):
-            self._plan_printed = True
-
     def take(self) -> str | None:
-        """The line, once, after the initial plan's own lines have been printed."""
-        if not self._plan_printed:
-            return None
+        """The line, once, once the initial plan was seen (call it after printing the lines
+        read after the plan's update)."""
         line, self._pending = self._pending, None
         return line
 

@@ -175,11 +175,9 @@ def _follow(
                 uniform.on_plan(update.reason, update.predicted_step_s)
             elif isinstance(update, StepDone):
                 steps = update.report.step + 1
-        for line in handle.lines():
-            if not line.startswith("step "):  # step lines become the progress bar instead
-                output.line(line)
-            uniform.saw_line(line)
-        beside = uniform.take()  # after the initial plan's own lines
+        for line in handle.lines(steps=False):  # the steps are the progress bar instead
+            output.line(line)
+        beside = uniform.take()  # after the initial plan's own lines (they precede its update)
         if beside is not None:
             output.line(beside)
         if done:

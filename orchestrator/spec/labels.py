@@ -19,8 +19,10 @@ DEVICE_TYPE_LABEL = "orchestrator.io/device-type"
 EMULATED_SPEED_LABEL = "orchestrator.io/emulated-speed"
 POOL_LABEL = "orchestrator.io/pool"
 JOB_LABEL = "orchestrator.io/job"
+# The Kubernetes Node a Ray pod runs on (the operator sets it on every Ray pod).
+NODE_NAME_LABEL = "orchestrator.io/node-name"
 # Labels a posted node event may name a node by, besides its Ray node id and host name.
-NODE_NAME_LABELS = ("orchestrator.io/node-name", "kubernetes.io/hostname")
+NODE_NAME_LABELS = (NODE_NAME_LABEL, "kubernetes.io/hostname")
 ACCELERATOR_LABEL = "ray.io/accelerator-type"  # Ray's own
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's own, set on every node
 

@@ -115,18 +115,17 @@ def test_uniform_line_says_why_when_there_is_none() -> None:
 
 
 def test_the_line_follows_the_initial_plans_own_lines_once() -> None:
+    from orchestrator.control.events import PlanReason
     from orchestrator.demo.baseline import UniformLine
 
     scenario = DemoScenario()
     note = UniformLine(first_plan(scenario, demo_profiles(scenario)))
     assert note.take() is None  # no plan yet
-    note.on_plan("initial", 0.5)
-    assert note.take() is None  # the plan's own line has not been printed yet
-    note.saw_line("plan (planner): A100-80 x1, T4 x3; predicted step 0.5000 s [initial]")
+    note.on_plan(PlanReason.INITIAL, 0.5)
     line = note.take()
     assert line is not None and "uniform data parallel" in line and "this plan's 0.5000 s" in line
     assert note.take() is None
-    note.on_plan("failure", 0.9)  # later plans get no line
+    note.on_plan(PlanReason.FAILURE, 0.9)  # later plans get no line
     assert note.take() is None
     doc = note.to_json()
     assert doc is not None and doc["plan_predicted_step_s"] == 0.5

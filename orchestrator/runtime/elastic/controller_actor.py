@@ -61,9 +61,10 @@ class ControllerActor:
                 self._result = self._session.run()
             return self._result
 
-    def progress(self, cursor: int) -> tuple[list[str], int]:
-        """Progress lines after ``cursor``, and the new cursor."""
-        return self._session.progress.since(cursor)
+    def progress(self, cursor: int, steps: bool = True) -> tuple[list[str], int]:
+        """Progress lines after ``cursor`` (the one-per-step lines only if ``steps``), and the
+        new cursor."""
+        return self._session.progress.since(cursor, steps=steps)
 
     def updates(self, cursor: int) -> tuple[list[RunUpdate], int]:
         """Typed updates after ``cursor``, and the new cursor."""
@@ -149,9 +150,11 @@ class RunHandle:
         ready, _ = ray.wait([self._done], timeout=timeout_s)
         return bool(ready)
 
-    def lines(self) -> list[str]:
-        """Progress lines since the last call (for people: never parse them)."""
-        lines, self._line_cursor = ray.get(self.actor.progress.remote(self._line_cursor))
+    def lines(self, *, steps: bool = True) -> list[str]:
+        """Progress lines since the last call, with the one-per-step lines unless ``steps`` is
+        False (for people: never parse them). The lines of a plan come before its
+        :class:`PlanApplied` update: after seeing the update, the next call includes them."""
+        lines, self._line_cursor = ray.get(self.actor.progress.remote(self._line_cursor, steps))
         return list(lines)
 
     def updates(self) -> list[RunUpdate]:

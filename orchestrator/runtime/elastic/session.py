@@ -24,7 +24,7 @@ from typing import Any
 from orchestrator.control.callbacks import ControllerCallback
 from orchestrator.control.config import ControllerConfig
 from orchestrator.control.controller import Controller
-from orchestrator.control.events import EventKind, RunEvent
+from orchestrator.control.events import EventKind, PlanReason, RunEvent
 from orchestrator.control.planning import FixedPlanner, MakePlanPlanner
 from orchestrator.control.ports import CheckpointStore, Planner, SystemClock
 from orchestrator.errors import SpecError, UserError
@@ -182,23 +182,30 @@ class ProgressLines(ControllerCallback):
         self.total_steps = total_steps
         self.plan_source = plan_source
         self.lines: list[str] = []
+        self._step_lines: set[int] = set()  # indices of the one-per-step lines
         self.updates: list[RunUpdate] = []
         self.reports: list[StepReport] = []
         self.emulated = False
         self._lock = threading.Lock()
 
-    def _add(self, *lines: str) -> None:
+    def _add(self, *lines: str, step: bool = False) -> None:
         with self._lock:
+            if step:
+                self._step_lines.update(range(len(self.lines), len(self.lines) + len(lines)))
             self.lines.extend(lines)
 
     def _update(self, update: RunUpdate) -> None:
         with self._lock:
             self.updates.append(update)
 
-    def since(self, cursor: int) -> tuple[list[str], int]:
-        """Lines after ``cursor``, and the new cursor."""
+    def since(self, cursor: int, *, steps: bool = True) -> tuple[list[str], int]:
+        """Lines after ``cursor`` (without the one-per-step lines unless ``steps``), and the
+        new cursor."""
         with self._lock:
-            return self.lines[cursor:], len(self.lines)
+            end = len(self.lines)
+            if steps:
+                return self.lines[cursor:], end
+            return [self.lines[i] for i in range(cursor, end) if i not in self._step_lines], end
 
     def updates_since(self, cursor: int) -> tuple[list[RunUpdate], int]:
         """Typed updates after ``cursor``, and the new cursor."""
@@ -215,26 +222,27 @@ class ProgressLines(ControllerCallback):
             self._add("device speeds are emulated on CPUs (orchestrator.io/emulated-speed labels)")
 
     def on_plan(
-        self, plan: Plan, predicted_step_s: float, bound_step_s: float, reason: str
+        self, plan: Plan, predicted_step_s: float, bound_step_s: float, reason: PlanReason
     ) -> None:
+        devices = ", ".join(f"{t} x{n}" for t, n in sorted(plan.device_counts().items()))
+        if plan.precision is not None:  # the format every rank computes in
+            devices += f"; precision {plan.precision}"
+        # The lines before the update: a reader that has seen the update gets them next.
+        self._add(
+            f"plan ({self.plan_source}): {devices}; predicted step {predicted_step_s:.4f} s"
+            f"{self.tag} [{reason}]",
+            *describe_plan(plan),
+        )
         self._update(
             PlanApplied(
                 time.time(),
                 plan,
                 predicted_step_s,
                 bound_step_s,
-                str(reason),
+                PlanReason(reason),
                 self.plan_source,
                 self.emulated,
             )
-        )
-        devices = ", ".join(f"{t} x{n}" for t, n in sorted(plan.device_counts().items()))
-        if plan.precision is not None:  # the format every rank computes in
-            devices += f"; precision {plan.precision}"
-        self._add(
-            f"plan ({self.plan_source}): {devices}; predicted step {predicted_step_s:.4f} s"
-            f"{self.tag} [{reason}]",
-            *describe_plan(plan),
         )
 
     def on_step(self, report: StepReport, predicted_step_s: float) -> None:
@@ -244,10 +252,11 @@ class ProgressLines(ControllerCallback):
         self._add(
             f"step {report.step + 1}/{self.total_steps} loss {report.loss:.4f} "
             f"step {report.step_duration_s:.4f} s "
-            f"{report.throughput_samples_per_s:.1f} samples/s{self.tag}"
+            f"{report.throughput_samples_per_s:.1f} samples/s{self.tag}",
+            step=True,
         )
         if report.eval_loss is not None:
-            # Not a "step " line: those are one per step.
+            # Not a step line: those are one per step.
             self._add(f"eval loss {report.eval_loss:.4f} after step {report.eval_after_steps}")
 
     def on_checkpoint_skipped(self, path: Path, reason: str) -> None:
@@ -359,7 +368,7 @@ def _planner(spec: ElasticJob, job: JobSpec, job_file: Path) -> Planner:
         job.model.shape,
         training,
         profiles,
-        schedule=job.training.schedule.value,
+        schedule=job.training.schedule,
     )
 
 

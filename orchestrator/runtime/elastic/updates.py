@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.control.events import RunEvent
+from orchestrator.control.events import PlanReason, RunEvent
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import StepReport
 
@@ -21,7 +21,7 @@ class PlanApplied:
     plan: Plan
     predicted_step_s: float
     bound_step_s: float
-    reason: str  # a PlanReason value
+    reason: PlanReason
     source: str  # "planner", or "file <path>" for a fixed plan
     emulated: bool
 
