@@ -17,8 +17,8 @@ themselves.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -35,7 +35,13 @@ from orchestrator.runtime.discovery import (
     slowdown_factor,
 )
 from orchestrator.runtime.errors import WorkerFailedError, WorkerTimeoutError
-from orchestrator.runtime.placement import PlacedGroup, bundle_requests, place, slots_for_plan
+from orchestrator.runtime.placement import (
+    BundleRequest,
+    PlacedGroup,
+    bundle_requests,
+    place,
+    slots_for_plan,
+)
 from orchestrator.runtime.validation import validate_model_for_plan, validate_plan_for_cluster
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import MemoryUse, StageTiming, StepReport
@@ -200,49 +206,64 @@ class WorkerGroup:
 
     def _start_actors(self, plan: Plan) -> None:
         assert self._placed is not None
-        reference = emulated_reference_speed(self._nodes)
-        by_id = {n.node_id: n for n in self._nodes}
         plan_json = plan.model_dump_json()
         self.workers = []
         for spec, node_id, request in zip(
             self.ranks, self._placed.bundle_node_ids, self._placed.requests, strict=True
         ):
-            node = by_id.get(node_id)
-            factor = slowdown_factor(node, reference) if node is not None else 1.0
-            emulated = node is not None and node.emulated
-            strategy = PlacementGroupSchedulingStrategy(
-                self._placed.placement_group, placement_group_bundle_index=spec.rank
+            actor, info = self._start_actor(
+                spec, node_id, request, self._placed.placement_group, spec.rank, plan_json
             )
-            actor = self.actor_class.options(
-                num_cpus=0 if request.uses_gpus else 1,
-                num_gpus=1 if request.uses_gpus else 0,
-                scheduling_strategy=strategy,
-                name=None,
-            ).remote(self.job, plan_json, spec.rank, factor if emulated else None)
             self._actors.append(actor)
-            name = node.name if node is not None else node_id[:12]
-            self.workers.append(
-                WorkerInfo(spec.rank, node_id, name, spec.device_type, factor, emulated)
-            )
+            self.workers.append(info)
+        self._rendezvous(lambda rank, actor, world: actor.setup.remote(*world))
+
+    def _start_actor(
+        self,
+        spec: RankSpec,
+        node_id: str,
+        request: BundleRequest,
+        placement_group: Any,
+        bundle_index: int,
+        plan_json: str,
+    ) -> tuple[Any, WorkerInfo]:
+        """Start ``spec``'s actor in its bundle (its node's emulated speed, if any, relative to
+        the fastest node's); the actor and what is known of it before it reports."""
+        node = {n.node_id: n for n in self._nodes}.get(node_id)
+        reference = emulated_reference_speed(self._nodes)
+        factor = slowdown_factor(node, reference) if node is not None else 1.0
+        emulated = node is not None and node.emulated
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group, placement_group_bundle_index=bundle_index
+        )
+        actor = self.actor_class.options(
+            num_cpus=0 if request.uses_gpus else 1,
+            num_gpus=1 if request.uses_gpus else 0,
+            scheduling_strategy=strategy,
+        ).remote(self.job, plan_json, spec.rank, factor if emulated else None)
+        name = node.name if node is not None else node_id[:12]
+        return actor, WorkerInfo(spec.rank, node_id, name, spec.device_type, factor, emulated)
+
+    def _rendezvous(
+        self, join: Callable[[int, Any, tuple[str, int, int, float]], Any]
+    ) -> dict[int, dict[str, Any]]:
+        """Every actor joins one new rendezvous: ``join(rank, actor, (address, port, world size,
+        timeout))`` is its call. Their answers, by rank; the workers' facts updated from them."""
         timeout_s = self.options.rendezvous_timeout_s
         where = self._gather("start", {0: self._actors[0].where.remote()}, timeout_s)[0]
-        refs = {
-            r: a.setup.remote(where["address"], where["port"], len(self._actors), timeout_s)
-            for r, a in enumerate(self._actors)
-        }
+        world = (where["address"], where["port"], len(self._actors), timeout_s)
+        refs = {r: join(r, a, world) for r, a in enumerate(self._actors)}
         infos = self._gather("rendezvous", refs, timeout_s + 30.0)
         # The actor has the last word on emulation (it turns it off where it finds a real GPU).
         self.workers = [
-            WorkerInfo(
-                w.rank,
-                w.node_id,
-                w.node_name,
-                w.device_type,
-                float(infos[w.rank]["slowdown_factor"]),
-                bool(infos[w.rank]["emulated"]),
+            replace(
+                w,
+                slowdown_factor=float(infos[w.rank]["slowdown_factor"]),
+                emulated=bool(infos[w.rank]["emulated"]),
             )
             for w in self.workers
         ]
+        return infos
 
     def _report(
         self, step: int, results: dict[int, dict[str, Any]], duration_s: float

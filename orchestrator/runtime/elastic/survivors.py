@@ -42,10 +42,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.control.ports import WarmStatus, WorkerLost
-from orchestrator.runtime.discovery import discover_nodes, emulated_reference_speed, slowdown_factor
+from orchestrator.runtime.discovery import discover_nodes
 from orchestrator.runtime.elastic.warm import WarmActor, WarmPool, remove_placed
 from orchestrator.runtime.elastic.worker import ElasticWorkerActor
 from orchestrator.runtime.group import WorkerGroup, WorkerInfo
@@ -504,22 +503,9 @@ class ElasticWorkerGroup(WorkerGroup):
         remove_placed(self._pgs[old])
 
     def _spawn(self, spec: RankSpec, placed: PlacedGroup, plan_json: str) -> tuple[Any, WorkerInfo]:
-        reference = emulated_reference_speed(self._nodes)
-        node_id = placed.bundle_node_ids[0]
-        node = {n.node_id: n for n in self._nodes}.get(node_id)
-        factor = slowdown_factor(node, reference) if node is not None else 1.0
-        emulated = node is not None and node.emulated
-        request = placed.requests[0]
-        strategy = PlacementGroupSchedulingStrategy(
-            placed.placement_group, placement_group_bundle_index=0
-        )
-        actor = self.actor_class.options(
-            num_cpus=0 if request.uses_gpus else 1,
-            num_gpus=1 if request.uses_gpus else 0,
-            scheduling_strategy=strategy,
-        ).remote(self.job, plan_json, spec.rank, factor if emulated else None)
-        name = node.name if node is not None else node_id[:12]
-        return actor, WorkerInfo(spec.rank, node_id, name, spec.device_type, factor, emulated)
+        """Start ``spec``'s actor in its own one-bundle placement group ``placed``."""
+        node_id, request = placed.bundle_node_ids[0], placed.requests[0]
+        return self._start_actor(spec, node_id, request, placed.placement_group, 0, plan_json)
 
     def _join(
         self,
@@ -530,29 +516,12 @@ class ElasticWorkerGroup(WorkerGroup):
     ) -> dict[int, dict[str, Any]]:
         """Every actor (re)builds its engine for its rank and joins a new rendezvous."""
         self._formed_at_s = time.time()
-        timeout_s = self.options.rendezvous_timeout_s
-        where = self._gather("start", {0: self._actors[0].where.remote()}, timeout_s)[0]
-        world = (where["address"], where["port"], len(self._actors), timeout_s)
         throttle = [self.throttle_by_node.get(w.node_id, 1.0) for w in self.workers]
-        refs = {
-            r: a.reform.remote(
+        return self._rendezvous(
+            lambda r, actor, world: actor.reform.remote(
                 plan_json, r, world, committed_steps, keep[r], incoming[r], throttle[r]
             )
-            for r, a in enumerate(self._actors)
-        }
-        infos = self._gather("rendezvous", refs, timeout_s + 30.0)
-        self.workers = [
-            WorkerInfo(
-                w.rank,
-                w.node_id,
-                w.node_name,
-                w.device_type,
-                float(infos[w.rank]["slowdown_factor"]),
-                bool(infos[w.rank]["emulated"]),
-            )
-            for w in self.workers
-        ]
-        return infos
+        )
 
 
 def deadline_hits(deadlines: Mapping[str, float], nodes: set[str], step_ends_s: float) -> set[str]:
