@@ -10,11 +10,8 @@ redirect the run (:meth:`RunContext.fail`, :meth:`RunContext.on_failure`,
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.control.callbacks import ControllerCallback
 from orchestrator.control.config import ControllerConfig
 from orchestrator.control.events import ControllerStateName, EventKind
 from orchestrator.control.journal import Journal
@@ -55,35 +52,6 @@ class RunContext:
     ledger: RunLedger
     rejoin: RejoinPolicy = field(default_factory=RejoinPolicy)
     readmit: ReadmitPolicy = field(default_factory=ReadmitPolicy)  # slow nodes without work
-
-    @classmethod
-    def create(
-        cls,
-        *,
-        config: ControllerConfig,
-        probe: ClusterProbe,
-        workers: WorkerGroupPort,
-        checkpoints: CheckpointStore,
-        planner: Planner,
-        clock: Clock,
-        callbacks: Sequence[ControllerCallback] = (),
-        logger: logging.Logger | None = None,
-    ) -> RunContext:
-        from orchestrator.control.measure import SwitchCostMeter
-
-        ledger = RunLedger(switch_cost=SwitchCostMeter(config.initial_switch_cost_s))
-        journal = Journal(callbacks, logger)
-        rejoin = RejoinPolicy(config.rejoin_cooldown_s)
-        readmit = ReadmitPolicy(
-            cooldown_s=config.readmit_cooldown_s,
-            backoff=config.readmit_backoff,
-            max_cooldown_s=config.readmit_max_cooldown_s,
-            threshold=config.straggler_threshold,
-            window=config.straggler_window_steps,
-        )
-        return cls(
-            config, probe, workers, checkpoints, planner, clock, journal, ledger, rejoin, readmit
-        )
 
     def now_s(self) -> float:
         return self.clock.now_s()

@@ -68,6 +68,8 @@ from orchestrator.control.states import (
     RunningState,
     proceed_at_s,
 )
+from orchestrator.policies.readmit import ReadmitPolicy
+from orchestrator.policies.rejoin import RejoinPolicy
 
 
 class Controller:
@@ -85,15 +87,24 @@ class Controller:
         callbacks: Sequence[ControllerCallback] = (),
         logger: logging.Logger | None = None,
     ) -> None:
-        self.ctx = RunContext.create(
-            config=config,
-            probe=probe,
-            workers=workers,
-            checkpoints=checkpoints,
-            planner=planner,
-            clock=clock,
-            callbacks=callbacks,
-            logger=logger,
+        readmit = ReadmitPolicy(
+            cooldown_s=config.readmit_cooldown_s,
+            backoff=config.readmit_backoff,
+            max_cooldown_s=config.readmit_max_cooldown_s,
+            threshold=config.straggler_threshold,
+            window=config.straggler_window_steps,
+        )
+        self.ctx = RunContext(
+            config,
+            probe,
+            workers,
+            checkpoints,
+            planner,
+            clock,
+            Journal(callbacks, logger),
+            RunLedger(switch_cost=SwitchCostMeter(config.initial_switch_cost_s)),
+            RejoinPolicy(config.rejoin_cooldown_s),
+            readmit,
         )
         self.state: ControllerState = DiscoveringState(
             since_s=clock.now_s(), reason=PlanReason.INITIAL

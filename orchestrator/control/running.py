@@ -40,12 +40,6 @@ from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import StepReport
 from orchestrator.spec.snapshot import ClusterSnapshot, SnapshotDiff
 
-
-def stage_ranks(plan: Plan) -> dict[tuple[int, int], int]:
-    """(replica, stage) -> rank: replica-major, stage-minor (the worker topology's order)."""
-    return {(r, s): rank for rank, (r, s, _) in enumerate(plan.ranked_stages())}
-
-
 # -- RUNNING -----------------------------------------------------------------------------------
 
 
@@ -359,12 +353,10 @@ def _on_stragglers(
     ctx: RunContext, s: RunningState, found: list[Straggler]
 ) -> ResizingState | RunningState | None:
     led = ctx.ledger
-    ranks = stage_ranks(s.proposal.plan)
-    placement = ctx.workers.placement()
+    nodes = _stage_nodes(ctx, s.proposal.plan)
     factor_by_node: dict[str, float] = {}
     for st in found:
-        stage = s.proposal.plan.replicas[st.replica].stages[st.stage]
-        node = stage.node or placement.get(ranks[(st.replica, st.stage)])
+        node = nodes.get((st.replica, st.stage))
         ctx.record(
             EventKind.STRAGGLER,
             f"replica {st.replica} stage {st.stage} ({st.device_type} on {node}) runs "
