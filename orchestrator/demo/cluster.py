@@ -16,7 +16,7 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,18 +164,3 @@ class LocalCluster:
         if self._env is not None:
             self._env.restore()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def local_cluster(kinds: Sequence[NodeKind], connect: bool = True) -> Iterator[LocalCluster]:
-    """Start a :class:`LocalCluster` (and connect this process to it); always stop it."""
-    cluster = LocalCluster()
-    try:
-        cluster.start(kinds)
-        if connect:
-            import ray
-
-            ray.init(address=cluster.address, log_to_driver=False)
-        yield cluster
-    finally:
-        cluster.shutdown()

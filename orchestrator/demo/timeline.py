@@ -62,9 +62,3 @@ class Timeline:
             return None
         return (last.steps - first.steps) * self.global_batch_size / (last.time_s - first.time_s)
 
-    def time_of_step(self, steps: int) -> float | None:
-        """When at least ``steps`` steps had been committed (first sample that shows it)."""
-        for sample in self.samples:
-            if sample.steps >= steps:
-                return sample.time_s
-        return None

@@ -199,11 +199,6 @@ class WorkerGroup:
         }
         self._gather("set layer states", refs, self.options.rendezvous_timeout_s)
 
-    def call_all(self, method: str, *args: Any, timeout_s: float | None = None) -> dict[int, Any]:
-        """Call an actor method on every rank and gather the results by rank."""
-        refs = {r: getattr(a, method).remote(*args) for r, a in enumerate(self._actors)}
-        return self._gather(method, refs, timeout_s or self.options.step_timeout_s)
-
     def _start_actors(self, plan: Plan) -> None:
         assert self._placed is not None
         plan_json = plan.model_dump_json()

@@ -156,21 +156,10 @@ class ElasticWorker(_Base):  # type: ignore[misc]
             return warmed[3], True
         return StageEngine(engine_config(self._job, plan_json, rank, slowdown)), False
 
-    def reform(
-        self,
-        plan_json: str,
-        rank: int,
-        rendezvous: tuple[str, int, int, float],
-        committed_steps: int,
-        keep: bool,
-        incoming: list[Any],
-        throttle: float = 1.0,
-    ) -> dict[str, Any]:
-        """Become ``rank`` of a new plan (see the module docstring and :meth:`_reform`)."""
+    def reform(self, *args: Any) -> dict[str, Any]:
+        """Become a rank of a new plan: :meth:`_reform`'s arguments, under the build lock."""
         with self._build_lock:
-            return self._reform(
-                plan_json, rank, rendezvous, committed_steps, keep, incoming, throttle
-            )
+            return self._reform(*args)
 
     def _reform(
         self,
@@ -283,10 +272,6 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         if e is not None:
             e.stretcher.throttle(factor)
         return factor != 1.0
-
-    def pending_step(self) -> int | None:
-        """The step whose update is reduced but not yet applied (tests read it)."""
-        return self._pending_step
 
     def _settle(self, committed_steps: int | None) -> None:
         """Apply the pending update if its step is committed, else drop it."""
