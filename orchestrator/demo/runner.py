@@ -20,6 +20,7 @@ from orchestrator.demo.output import DemoOutput, ray_output_to
 from orchestrator.demo.scenario import DemoScenario, write_job
 from orchestrator.demo.summary import DemoSummary, build_summary
 from orchestrator.demo.timeline import PlanLog, Timeline
+from orchestrator.runtime.elastic.summary import RunSummary
 
 if TYPE_CHECKING:  # the runtime (and Ray) load only when training starts
     from orchestrator.runtime.elastic.controller_actor import RunHandle
@@ -125,7 +126,7 @@ def _train(
     cluster: LocalCluster,
     output: DemoOutput,
     uniform: UniformLine,
-) -> tuple[Timeline, dict[str, Any]]:
+) -> tuple[Timeline, RunSummary]:
 
     from orchestrator.runtime.elastic.controller_actor import RunHandle
     from orchestrator.runtime.elastic.session import ElasticJob
@@ -156,7 +157,7 @@ def _follow(
     output: DemoOutput,
     bar: Any,
     uniform: UniformLine,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Follow the run's typed updates; print its decisions; crash and add nodes on schedule."""
     from orchestrator.runtime.elastic.session import describe_plan
     from orchestrator.runtime.elastic.updates import PlanApplied, StepDone
@@ -181,7 +182,7 @@ def _follow(
         if beside is not None:
             output.line(beside)
         if done:
-            return handle.result().to_json()
+            return handle.result()
         timeline.record(time.time(), steps)
         bar.update(completed=steps)
         if not output.is_terminal and steps >= last_printed + 10:

@@ -8,12 +8,16 @@ added nodes, and the committed step count over time). Pure: no Ray.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.control.events import EventKind, RunEvent
 from orchestrator.demo.scenario import DemoScenario
 from orchestrator.demo.timeline import Timeline
+from orchestrator.runtime.elastic.summary import RunSummary
+from orchestrator.telemetry.status import event_to_json
 
 
 @dataclass(frozen=True)
@@ -96,66 +100,60 @@ def _plan_views(timeline: Timeline) -> list[PlanView]:
     ]
 
 
-def _after(
-    events: list[dict[str, Any]], time_s: float, kinds: tuple[str, ...]
-) -> list[dict[str, Any]]:
-    return [e for e in events if e.get("kind") in kinds and float(e.get("time_s", 0)) >= time_s]
+def _after(events: Sequence[RunEvent], time_s: float, *kinds: EventKind) -> list[RunEvent]:
+    return [e for e in events if e.kind in kinds and e.time_s >= time_s]
 
 
-def _crash(timeline: Timeline, events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _crash(timeline: Timeline, events: Sequence[RunEvent]) -> dict[str, Any] | None:
     if timeline.crashed_at_s is None:
         return None
-    recovered = [
-        e
-        for e in _after(events, timeline.crashed_at_s, ("recovery",))
-        if "recovery_s" in e.get("data", {})
-    ]
+    after = _after(events, timeline.crashed_at_s, EventKind.RECOVERY)
+    recovered = [e for e in after if "recovery_s" in e.data]
     info: dict[str, Any] = {
         "node": timeline.crashed_node,
         "after_step": timeline.crashed_at_step,
         "recovered": bool(recovered),
     }
     if recovered:
-        data = recovered[0]["data"]
-        info["crash_to_first_step_s"] = float(recovered[0]["time_s"]) - timeline.crashed_at_s
-        info["detected_to_first_step_s"] = float(data["recovery_s"])
-        info["lost_steps"] = int(data["lost_steps"])
-        info["first_step_after"] = int(data["step"])
-    restores = [
-        e["message"]
-        for e in _after(events, timeline.crashed_at_s, ("recovery",))
-        if "recovery_s" not in e.get("data", {})
-    ]
-    info["restored"] = restores[:2]
+        first = recovered[0]
+        info["crash_to_first_step_s"] = first.time_s - timeline.crashed_at_s
+        info["detected_to_first_step_s"] = _number(first.data["recovery_s"])
+        info["lost_steps"] = int(_number(first.data["lost_steps"]))
+        info["first_step_after"] = int(_number(first.data["step"]))
+    info["restored"] = [e.message for e in after if "recovery_s" not in e.data][:2]
     return info
 
 
-def _join(timeline: Timeline, events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _join(timeline: Timeline, events: Sequence[RunEvent]) -> dict[str, Any] | None:
     if timeline.joined_at_s is None:
         return None
     decisions = [
         e
-        for e in _after(events, timeline.joined_at_s, ("replan", "replan_skipped"))
-        if e.get("data", {}).get("trigger") == "join"
+        for e in _after(events, timeline.joined_at_s, EventKind.REPLAN, EventKind.REPLAN_SKIPPED)
+        if e.data.get("trigger") == "join"
     ]
     info: dict[str, Any] = {
         "node": timeline.joined_node,
         "at_step": timeline.joined_at_step,
-        "decision": decisions[0]["kind"] if decisions else "none seen",
-        "reason": decisions[0]["message"] if decisions else "",
-        "numbers": decisions[0].get("data", {}) if decisions else {},
-        "switched": bool(decisions) and decisions[0]["kind"] == "replan",
+        "decision": decisions[0].kind.value if decisions else "none seen",
+        "reason": decisions[0].message if decisions else "",
+        "numbers": dict(decisions[0].data) if decisions else {},
+        "switched": bool(decisions) and decisions[0].kind is EventKind.REPLAN,
     }
     if info["switched"]:
         measured = [
             e
-            for e in _after(events, float(decisions[0]["time_s"]), ("plan_chosen",))
-            if "switch_cost_s" in e.get("data", {})
+            for e in _after(events, decisions[0].time_s, EventKind.PLAN_CHOSEN)
+            if "switch_cost_s" in e.data
         ]
         if measured:
-            info["join_to_first_step_s"] = float(measured[0]["time_s"]) - timeline.joined_at_s
-            info["switch_cost_s"] = float(measured[0]["data"]["switch_cost_s"])
+            info["join_to_first_step_s"] = measured[0].time_s - timeline.joined_at_s
+            info["switch_cost_s"] = _number(measured[0].data["switch_cost_s"])
     return info
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else math.nan
 
 
 def _throughput(
@@ -190,27 +188,25 @@ def emulation_text(scenario: DemoScenario) -> str:
 
 def build_summary(
     scenario: DemoScenario,
-    summary: dict[str, Any],
+    summary: RunSummary,
     timeline: Timeline,
     profiled: list[Any],
     workdir: Path,
     ray_temp_dir: str = "",
 ) -> DemoSummary:
     """The demo's summary from the controller's summary and the driver's timeline."""
-    events = list(summary.get("events", []))
-    crash = _crash(timeline, events)
-    join = _join(timeline, events)
+    crash = _crash(timeline, summary.events)
+    join = _join(timeline, summary.events)
     end_s = timeline.samples[-1].time_s if timeline.samples else 0.0
-    steps = int(summary.get("steps", 0))
     return DemoSummary(
-        completed=summary.get("state") == "finished" and steps >= scenario.steps,
-        state=str(summary.get("state", "")),
-        reason=str(summary.get("reason", "")),
-        steps=steps,
+        completed=summary.finished and summary.steps >= scenario.steps,
+        state=summary.state.value,
+        reason=summary.reason,
+        steps=summary.steps,
         total_steps=scenario.steps,
-        first_loss=summary.get("first_loss"),
-        last_loss=summary.get("last_loss"),
-        emulated=bool(summary.get("emulated")),
+        first_loss=summary.first_loss,
+        last_loss=summary.last_loss,
+        emulated=summary.emulated,
         emulation=emulation_text(scenario),
         profiles=[
             {
@@ -225,10 +221,10 @@ def build_summary(
         crash=crash,
         join=join,
         throughput_samples_per_s=_throughput(timeline, crash, join, end_s),
-        failure_count=int(summary.get("failure_count", 0)),
-        lost_steps_total=int(summary.get("lost_steps_total", 0)),
-        checkpoint_path=str(summary.get("checkpoint_path", "")),
+        failure_count=summary.failure_count,
+        lost_steps_total=summary.lost_steps_total,
+        checkpoint_path=summary.checkpoint_path,
         workdir=str(workdir),
         ray_temp_dir=ray_temp_dir,
-        events=events,
+        events=[event_to_json(e) for e in summary.events],
     )

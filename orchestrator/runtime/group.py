@@ -112,9 +112,8 @@ class WorkerGroup:
         validate_plan_for_cluster(plan, self._nodes, num_planner_layers)
         self.plan, self.ranks = plan, ranks_for_plan(plan)
         requests = bundle_requests(slots_for_plan(plan), self._nodes)
-        self._placed = place(requests, self.options.placement_timeout_s, name="")
         try:
-            self._start_actors(plan)
+            self._place_and_start(plan, requests)
             if layer_states:
                 self.set_layer_states(layer_states)
         except BaseException:
@@ -199,8 +198,10 @@ class WorkerGroup:
         }
         self._gather("set layer states", refs, self.options.rendezvous_timeout_s)
 
-    def _start_actors(self, plan: Plan) -> None:
-        assert self._placed is not None
+    def _place_and_start(self, plan: Plan, requests: list[BundleRequest]) -> None:
+        """Reserve the plan's bundles (one placement group), start one actor per rank in them
+        and join the actors in one rendezvous."""
+        self._placed = place(requests, self.options.placement_timeout_s, name="")
         plan_json = plan.model_dump_json()
         self.workers = []
         for spec, node_id, request in zip(

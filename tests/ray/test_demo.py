@@ -100,6 +100,7 @@ def test_demo_refuses_too_few_steps(tmp_path: Path) -> None:
 
 
 def test_summary_reads_plans_recovery_and_join_from_events_and_timeline() -> None:
+    from orchestrator.control.events import EventKind, RunEvent
     from orchestrator.demo.scenario import DemoScenario
     from orchestrator.demo.summary import build_summary
     from orchestrator.demo.timeline import PlanLog, Timeline
@@ -113,15 +114,15 @@ def test_summary_reads_plans_recovery_and_join_from_events_and_timeline() -> Non
     t.crashed_at_s, t.crashed_node, t.crashed_at_step = 5.0, "n1", 10
     t.joined_at_s, t.joined_node, t.joined_at_step = 20.0, "n2", 30
     events = [
-        {"time_s": 12.0, "kind": "recovery", "message": "recovered",
-         "data": {"recovery_s": 5.5, "lost_steps": 0, "step": 10}},
-        {"time_s": 21.0, "kind": "replan", "message": "join: gain 25.5 s > 9.5 s",
-         "data": {"trigger": "join", "gain_s": 25.5, "switch_cost_s": 9.5}},
-        {"time_s": 30.0, "kind": "plan_chosen", "message": "overhead",
-         "data": {"switch_cost_s": 8.0}},
+        RunEvent(12.0, EventKind.RECOVERY, "recovered",
+                 {"recovery_s": 5.5, "lost_steps": 0, "step": 10}),
+        RunEvent(21.0, EventKind.REPLAN, "join: gain 25.5 s > 9.5 s",
+                 {"trigger": "join", "gain_s": 25.5, "switch_cost_s": 9.5}),
+        RunEvent(30.0, EventKind.PLAN_CHOSEN, "overhead", {"switch_cost_s": 8.0}),
     ]  # fmt: skip
-    controller = {"state": "finished", "steps": 60, "first_loss": 5.5, "last_loss": 2.5,
-                  "emulated": True, "events": events}  # fmt: skip
+    controller = _run_summary(
+        "finished", 60, events, first_loss=5.5, last_loss=2.5, emulated=True
+    )
     s = build_summary(DemoScenario(steps=60), controller, t, [], Path("/w"), "/tmp/orcX")
     assert s.completed and s.loss_fell
     assert [p.reason for p in s.plans] == ["initial", "failure"]
@@ -140,7 +141,21 @@ def test_summary_says_not_completed_when_the_run_failed() -> None:
     from orchestrator.demo.summary import build_summary
     from orchestrator.demo.timeline import Timeline
 
-    controller = {"state": "failed", "reason": "failure budget spent", "steps": 12, "events": []}
+    controller = _run_summary("failed", 12, reason="failure budget spent")
     s = build_summary(DemoScenario(steps=60), controller, Timeline(16), [], Path("/w"))
     assert not s.completed
     assert s.to_json()["completed"] is False
+
+
+def _run_summary(state: str, steps: int, events=(), **figures):
+    """A controller's summary with the given figures (the rest empty)."""
+    from orchestrator.control.events import ControllerStateName
+    from orchestrator.runtime.elastic.summary import RunSummary
+
+    base = dict(
+        reason="", steps_run=steps, first_loss=None, last_loss=None, mean_step_s=0.0,
+        step_indices=(), losses=(), emulated=False, failure_count=0, lost_steps_total=0,
+        recoveries=(), switch_costs_s=(), checkpoint_step=None, checkpoint_path="",
+    )  # fmt: skip
+    base.update(figures)
+    return RunSummary(state=ControllerStateName(state), steps=steps, events=tuple(events), **base)

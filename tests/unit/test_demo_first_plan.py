@@ -136,7 +136,7 @@ def test_summary_prints_the_uniform_comparison() -> None:
     from orchestrator.demo.summary import build_summary
     from orchestrator.demo.timeline import Timeline
 
-    controller = {"state": "finished", "steps": 60, "events": []}
+    controller = _run_summary("finished", 60)
     summary = build_summary(DemoScenario(steps=60), controller, Timeline(48), [], Path("/w"))
     first = first_plan(DemoScenario(), demo_profiles(DemoScenario()))
     summary.uniform_data_parallel = first.to_json()
@@ -145,3 +145,17 @@ def test_summary_prints_the_uniform_comparison() -> None:
     assert "uniform data parallel on the starting nodes (4 workers, batch 12 each" in text
     assert f"{ratio:.2f}x the initial plan's (emulated)" in text
     assert summary.to_json()["uniform_data_parallel"]["uniform_over_plan"] == ratio
+
+
+def _run_summary(state: str, steps: int, events=(), **figures):
+    """A controller's summary with the given figures (the rest empty)."""
+    from orchestrator.control.events import ControllerStateName
+    from orchestrator.runtime.elastic.summary import RunSummary
+
+    base = dict(
+        reason="", steps_run=steps, first_loss=None, last_loss=None, mean_step_s=0.0,
+        step_indices=(), losses=(), emulated=False, failure_count=0, lost_steps_total=0,
+        recoveries=(), switch_costs_s=(), checkpoint_step=None, checkpoint_path="",
+    )  # fmt: skip
+    base.update(figures)
+    return RunSummary(state=ControllerStateName(state), steps=steps, events=tuple(events), **base)

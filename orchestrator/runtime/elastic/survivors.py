@@ -122,43 +122,20 @@ class ElasticWorkerGroup(WorkerGroup):
 
     # -- launching ------------------------------------------------------------
 
-    def launch(
-        self,
-        plan: Plan,
-        layer_states: Mapping[int, Mapping[str, Any]] | None = None,
-        start_step: int = 0,
-    ) -> list[WorkerInfo]:
-        if self._actors:
-            raise RuntimeError("launch() on a running group; stop() it first")
-        num_planner_layers = validate_model_for_plan(self.job, plan)
-        self._nodes = discover_nodes()
-        validate_plan_for_cluster(plan, self._nodes, num_planner_layers)
-        self.plan, self.ranks = plan, ranks_for_plan(plan)
-        requests = bundle_requests(slots_for_plan(plan), self._nodes)
-        try:
-            self._pgs = place_each(requests, self.options.placement_timeout_s)
-            plan_json = plan.model_dump_json()
-            self._actors, self.workers = [], []
-            for spec, placed in zip(self.ranks, self._pgs, strict=True):
-                actor, info = self._spawn(spec, placed, plan_json)
-                self._actors.append(actor)
-                self.workers.append(info)
-            self._join(plan_json, [False] * len(self._actors), [[] for _ in self._actors], 0)
-            if layer_states:
-                self.set_layer_states(layer_states)
-        except BaseException:
-            self.stop()
-            raise
-        self.next_step = start_step
-        return self.workers
+    def _place_and_start(self, plan: Plan, requests: list[BundleRequest]) -> None:
+        """One placement group per rank (a rank can then be replaced alone), one actor in each,
+        one rendezvous."""
+        self._pgs = place_each(requests, self.options.placement_timeout_s)
+        plan_json = plan.model_dump_json()
+        self._actors, self.workers = [], []
+        for spec, placed in zip(self.ranks, self._pgs, strict=True):
+            actor, info = self._spawn(spec, placed, plan_json)
+            self._actors.append(actor)
+            self.workers.append(info)
+        self._join(plan_json, [False] * len(self._actors), [[] for _ in self._actors], 0)
 
     def stop(self) -> None:
-        actors, self._actors = self._actors, []
-        if actors:
-            refs = [a.shutdown.remote() for a in actors]
-            ray.wait(refs, num_returns=len(refs), timeout=self.options.stop_timeout_s)
-            for a in actors:
-                ray.kill(a, no_restart=True)
+        super().stop()  # the actors (the base's one placement group is never set here)
         pgs, self._pgs = self._pgs, []
         for placed in pgs:
             remove_placed(placed)
