@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from orchestrator.control.planning import MakePlanPlanner
 from orchestrator.sim.costs import CostModel, StateMove
-from orchestrator.sim.planner import TimedPlanner
+from orchestrator.sim.planner import PlanCache, TimedPlanner
 from orchestrator.sim.restart import RestartModel, simulate_restart
 from orchestrator.sim.run import Outcome, Scenario, goodput, simulate
 from orchestrator.sim.trace import (
@@ -92,8 +92,8 @@ def main() -> None:
         survivors = CostModel.for_model(
             MODEL, training, move=StateMove.KEEP_SURVIVORS, reform_s=args.reform_s
         )
-        cache: dict[object, object] = {}  # plans per cluster shape, shared by every run here
-        first = TimedPlanner(planner, lambda _s: None, cache=cache)(_snapshot(nodes), {})  # type: ignore[arg-type]
+        cache: PlanCache = {}  # plans per cluster shape, shared by every run here
+        first = TimedPlanner(planner, lambda _s: None, cache=cache)(_snapshot(nodes), {})
         step_s = first.predicted_step_s
         interval = max(1, round(args.checkpoint_min * 60 / step_s))
         for label, harsh in (("llama3", 1.0), (f"x{args.harsh:g}", args.harsh)):

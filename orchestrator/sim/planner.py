@@ -19,14 +19,16 @@ from dataclasses import dataclass, field
 from orchestrator.control.ports import Planner, PlanProposal
 from orchestrator.spec.snapshot import ClusterSnapshot
 
-Shape = tuple[tuple[str, tuple[int, ...]], tuple[tuple[str, float], ...]]
-
 
 @dataclass
 class _Planned:
     proposal: PlanProposal
     nodes_by_type: dict[str, list[str]]
     wall_s: float
+
+
+# Plans per cluster shape (or the planner's error for it), shareable between runs.
+PlanCache = dict[object, _Planned | Exception]
 
 
 @dataclass
@@ -36,7 +38,7 @@ class TimedPlanner:
     inner: Planner
     charge: Callable[[float], None]  # advances the simulated clock
     calls: list[tuple[int, float, bool]] = field(default_factory=list)  # (devices, wall s, fresh)
-    cache: dict[object, _Planned | Exception] = field(default_factory=dict)
+    cache: PlanCache = field(default_factory=dict)
 
     def __call__(
         self, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]

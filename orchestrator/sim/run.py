@@ -18,7 +18,7 @@ from orchestrator.control.events import EventKind
 from orchestrator.control.ports import Planner, PlanProposal
 from orchestrator.policies.failure import FailurePolicy
 from orchestrator.sim.costs import CostModel
-from orchestrator.sim.planner import TimedPlanner
+from orchestrator.sim.planner import PlanCache, TimedPlanner
 from orchestrator.sim.trace import FailureTrace
 from orchestrator.sim.world import SimClock, SimCluster, SimStore, SimWorkers
 from orchestrator.spec.snapshot import ClusterSnapshot, NodeInfo
@@ -73,7 +73,7 @@ def simulate(
     *,
     poll_interval_s: float = 1.0,
     logger: logging.Logger | None = None,
-    plan_cache: dict[object, object] | None = None,
+    plan_cache: PlanCache | None = None,
 ) -> Outcome:
     """Step a real controller on the simulated world until the trace's horizon.
 
@@ -94,7 +94,7 @@ def simulate(
     store = SimStore(clock, scenario.costs)
     timed = TimedPlanner(planner, clock.advance)
     if plan_cache is not None:
-        timed.cache = plan_cache  # type: ignore[assignment]
+        timed.cache = plan_cache
 
     def plan(snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]) -> PlanProposal:
         proposal = timed(snapshot, slowdown_by_node)
@@ -124,9 +124,10 @@ def simulate(
     if controller.done:
         raise RuntimeError(f"simulated run stopped early: {controller.state}")
     recoveries = [
-        float(e.data["recovery_s"])  # type: ignore[arg-type]
+        float(seconds)
         for e in controller.events
-        if e.kind is EventKind.RECOVERY and "recovery_s" in e.data
+        if e.kind is EventKind.RECOVERY
+        and isinstance(seconds := e.data.get("recovery_s"), int | float)
     ]
     switches = sum(
         1 for e in controller.events if e.kind is EventKind.REPLAN and "trigger" in e.data
