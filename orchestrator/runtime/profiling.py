@@ -74,6 +74,15 @@ def measure_round_trip_s(node: RayNode, warmup: int = 3, repeats: int = 15) -> f
         ray.kill(actor)
 
 
+# Timed runs per emulated piece. An emulated rank stretches each piece to the least CPU time it
+# has seen for it over the whole run (worker/emulation.py): hundreds of calls (every microbatch
+# of every step), and on a shared host the least of more samples is lower. The profile takes the
+# least over its repeats, so it needs many to stand for that: on a 2-core host with other work
+# the least of 7 stood 6-30% above the least of 100, that of 30 within 0-10%. Emulated profiling
+# only reads CPU clocks (it does not sleep the stretch), so the repeats cost CPU time alone.
+EMULATED_REPEATS = 30
+
+
 def _request(
     job: WorkerJob,
     device_type: str,
@@ -94,7 +103,7 @@ def _request(
         optimizer=job.optimizer,
         slowdown_factor=factor,
         warmup=warmup,
-        repeats=repeats,
+        repeats=max(repeats, EMULATED_REPEATS) if factor != 1.0 else repeats,
         seed=job.seed,
     )
 
