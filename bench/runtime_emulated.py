@@ -253,7 +253,8 @@ def plan_with_profiles(job: WorkerJob, work: Path) -> tuple[object, ProfileSet, 
                 f" per microbatch, {(c.step_overhead_s or 0) * 1e3:.1f} ms per step,"
                 f" round trip {(c.round_trip_s or 0) * 1e3:.1f} ms, per call"
                 f" {(c.call_forward_s or 0) * 1e3:.2f} ms forward +"
-                f" {(c.call_backward_s or 0) * 1e3:.2f} ms backward"
+                f" {(c.call_backward_s or 0) * 1e3:.2f} ms backward,"
+                f" p2p latency {(c.p2p_latency_s or 0) * 1e3:.2f} ms"
             )
     cluster = cluster_from_nodes(nodes)
     tables = CostTables.for_cluster(SHAPE, training(), cluster, profiles)

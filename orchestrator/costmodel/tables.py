@@ -321,6 +321,14 @@ class CostTables:
             return None
         return measured.call_forward_s, measured.call_backward_s
 
+    def p2p_latency_s(self, device_type: str) -> float:
+        """Seconds one point-to-point message costs beyond its bytes on this device type, as
+        the profiler measured it for our runtime (``worker/p2p_latency.py``), else 0."""
+        measured = self._measured_time_terms(device_type)
+        if measured is None or measured.p2p_latency_s is None:
+            return 0.0
+        return measured.p2p_latency_s
+
     def _measured_time_terms(self, device_type: str) -> RuntimeConstants | None:
         if not self.runtime.measured_constants:
             return None

@@ -38,11 +38,18 @@ class ProfiledType:
 @ray.remote(max_retries=0)
 def _profile_remote(request: Any) -> tuple[ProfileFile, Any]:
     """Profile on this node; drop the emulated slow-down where a real GPU is present."""
+    from orchestrator.worker.p2p_latency import measure_p2p_latency_s
     from orchestrator.worker.profiler import profile
 
-    if has_real_gpu():
+    gpu = has_real_gpu()
+    if gpu:
         request = replace(request, slowdown_factor=1.0)
-    return profile(request), request
+    result = profile(request)
+    if not gpu and result.runtime is not None:
+        # Ranks on CPU nodes talk over gloo: its per-message latency, on this node.
+        constants = result.runtime.model_copy(update={"p2p_latency_s": measure_p2p_latency_s()})
+        result = result.model_copy(update={"runtime": constants})
+    return result, request
 
 
 @ray.remote(num_cpus=0, max_restarts=0)

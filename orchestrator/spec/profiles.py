@@ -82,6 +82,10 @@ class RuntimeConstants(BaseModel):
     runtime stretches each call). The per-layer profile times every layer as its own call, so
     each layer's figure holds the intercept once: the cost model charges it once per stage and
     microbatch and nets it out of every layer.
+
+    ``p2p_latency_s``: seconds of one point-to-point message between two gloo ranks on a node of
+    this type, beyond its bytes over the link (``worker/p2p_latency.py``; None: not measured, as
+    on GPU nodes, whose transfers are NCCL's); the cost model charges it per boundary transfer.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -95,6 +99,7 @@ class RuntimeConstants(BaseModel):
     round_trip_s: NonNegativeFloat | None = None
     call_forward_s: NonNegativeFloat | None = None
     call_backward_s: NonNegativeFloat | None = None
+    p2p_latency_s: NonNegativeFloat | None = None
 
 
 class ProfileFile(BaseModel):

@@ -137,3 +137,12 @@ def test_call_terms_fit_chains_of_blocks_timed_as_one_call() -> None:
     assert one.runtime is not None and one.runtime.call_forward_s is None
     two = profile(request(microbatch_sizes=(2,))).runtime
     assert two is not None and two.call_forward_s is not None and two.call_backward_s is not None
+
+
+def test_gloo_latency_between_two_local_ranks() -> None:
+    """Two spawned gloo ranks bounce a 4-byte tensor: one message costs a positive time, well
+    under the link's time for a boundary activation (milliseconds at most on any host)."""
+    from orchestrator.worker.p2p_latency import measure_p2p_latency_s
+
+    latency_s = measure_p2p_latency_s(warmup=2, repeats=10)
+    assert 0 < latency_s < 0.05
