@@ -36,8 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from emulated_cluster import emulated_cluster
 from ray_train_baseline import run_torchtrainer
 
-from orchestrator.costmodel import CostTables
-from orchestrator.costmodel.memory_terms import memory_terms
 from orchestrator.planner import make_plan
 from orchestrator.runtime.actor import WorkerJob
 from orchestrator.runtime.discovery import cluster_from_nodes, discover_nodes
@@ -111,13 +109,12 @@ def measure_ours(
     warmup: int = 3,
     estimate: object = None,
     profiles: ProfileSet | None = None,
-    tables: CostTables | None = None,
 ) -> float:
     """Mean step time of ``plan`` through the WorkerGroup, timed at the driver.
 
     With the cost model's ``estimate``, prints where the step goes per rank against it (and,
-    with the ``profiles`` it came from, the runtime's fixed terms against what they measured);
-    with its ``tables``, each rank's counted memory against the cost model's.
+    with the ``profiles`` it came from, the runtime's fixed terms against what they measured),
+    and each rank's counted memory against the cost model's.
     """
     group = WorkerGroup(job)
     try:
@@ -134,8 +131,8 @@ def measure_ours(
         elapsed_s = time.perf_counter() - started
         if estimate is not None:
             print_breakdown(reports, estimate, elapsed_s / steps, plan, profiles)
-        if tables is not None:
-            print_memory(reports[-1], plan, tables)
+        if estimate is not None:
+            print_memory(reports[-1], estimate)
         # How much of the step the busiest rank spent computing (stretch included): the rest is
         # waiting, communication and orchestration.
         print(f"    busiest rank computes {busiest_s / elapsed_s:.0%} of the step")
@@ -203,24 +200,22 @@ def print_breakdown(
         )
 
 
-def print_memory(report: object, plan: Plan, tables: CostTables) -> None:
+def print_memory(report: object, estimate: object) -> None:
     """Per rank: the memory it counted at its last counted step (weights, gradients, optimizer
     state, activations at their peak: ``worker/memory_account.py``) against the cost model's
-    same terms. The framework footprint is left out on both sides: on a CPU it is the process's
-    resident memory, not a device's."""
-    predicted = {(t.replica, t.stage): t for t in memory_terms(plan, tables)}
+    device memory less its framework footprint (sharded stages' slices included). The footprint
+    is left out on both sides: on a CPU it is the process's resident memory, not a device's."""
+    predicted = {(d.replica, d.stage): d for d in estimate.devices}  # type: ignore[attr-defined]
     ratios = []
     for t in report.stage_timings:  # type: ignore[attr-defined]
-        want = predicted.get((t.replica, t.stage))
-        if t.memory is None or want is None:
+        d = predicted.get((t.replica, t.stage))
+        if t.memory is None or d is None:
             continue
-        got = t.memory.total_bytes
-        ratios.append(want.counted_bytes / got)
+        want, got = d.memory_bytes - d.framework_bytes, t.memory.total_bytes
+        ratios.append(want / got)
         print(
-            f"    r{t.replica}s{t.stage} memory predicted {want.counted_bytes / MIB:.2f} MiB,"
-            f" counted {got / MIB:.2f} MiB ({want.counted_bytes / got:.3f});"
-            f" activations {want.activations_bytes / MIB:.2f} /"
-            f" {t.memory.activations_peak_bytes / MIB:.2f} MiB"
+            f"    r{t.replica}s{t.stage} memory predicted {want / MIB:.2f} MiB,"
+            f" counted {got / MIB:.2f} MiB ({want / got:.3f})"
         )
     if ratios:
         print(f"    predicted / counted memory per rank {min(ratios):.3f} .. {max(ratios):.3f}")
@@ -232,12 +227,16 @@ MIB = 1024 * 1024
 def describe(plan: Plan) -> str:
     parts = []
     for r in plan.replicas:
-        stages = "+".join(f"{s.device_type}[{s.layers[0]},{s.layers[1]})" for s in r.stages)
+        stages = "+".join(
+            f"{s.device_type}[{s.layers[0]},{s.layers[1]})"
+            + ("" if s.sharding.value == "none" else f"/{s.sharding.value}")
+            for s in r.stages
+        )
         parts.append(f"b{r.batch_size}:{stages}")
     return f"mb{plan.microbatch_size} " + " | ".join(parts)
 
 
-def plan_with_profiles(job: WorkerJob, work: Path) -> tuple[object, ProfileSet, CostTables]:
+def plan_with_profiles(job: WorkerJob, work: Path) -> tuple[object, ProfileSet]:
     nodes = discover_nodes()
     profiled = profile_device_types(
         job, nodes, MICROBATCHES, work / "profiles", work / "cache", out=lambda s: None
@@ -256,9 +255,7 @@ def plan_with_profiles(job: WorkerJob, work: Path) -> tuple[object, ProfileSet, 
                 f" {(c.call_backward_s or 0) * 1e3:.2f} ms backward,"
                 f" p2p latency {(c.p2p_latency_s or 0) * 1e3:.2f} ms"
             )
-    cluster = cluster_from_nodes(nodes)
-    tables = CostTables.for_cluster(SHAPE, training(), cluster, profiles)
-    return make_plan(cluster, SHAPE, training(), profiles), profiles, tables
+    return make_plan(cluster_from_nodes(nodes), SHAPE, training(), profiles), profiles
 
 
 def load_average() -> str:
@@ -286,7 +283,7 @@ def heterogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[s
         f" + {NUM_SLOW} x {SLOW[0]} @{SLOW[1]}"
     )
     with emulated_cluster([(FAST[0], FAST[1], NUM_FAST), (SLOW[0], SLOW[1], NUM_SLOW)]):
-        result, profiles, tables = plan_with_profiles(job, work)
+        result, profiles = plan_with_profiles(job, work)
         plan = result.plan  # type: ignore[attr-defined]
         baseline = result.baselines["fastest_type_only"]  # type: ignore[attr-defined]
         predicted_s = result.estimate.step_time_s  # type: ignore[attr-defined]
@@ -302,7 +299,6 @@ def heterogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[s
                 steps,
                 estimate=result.estimate,  # type: ignore[attr-defined]
                 profiles=profiles,
-                tables=tables,
             ),
             "ours, fastest-only": lambda: measure_ours(
                 job,
@@ -310,7 +306,6 @@ def heterogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[s
                 steps,
                 estimate=baseline.estimate,
                 profiles=profiles,
-                tables=tables,
             ),
             "TorchTrainer, uniform": lambda: (
                 run_torchtrainer(
@@ -349,7 +344,7 @@ def heterogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[s
 def homogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[str, float]:
     print(f"homogeneous (emulated): 4 x {FAST[0]} @{FAST[1]}")
     with emulated_cluster([(FAST[0], FAST[1], 4)]):
-        result, profiles, tables = plan_with_profiles(job, work)
+        result, profiles = plan_with_profiles(job, work)
         plan = result.plan  # type: ignore[attr-defined]
         predicted_s = result.estimate.step_time_s  # type: ignore[attr-defined]
         print(f"  planned plan     {describe(plan)}  (predicted {predicted_s:.4f} s)")
@@ -360,7 +355,6 @@ def homogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[str
                 steps,
                 estimate=result.estimate,  # type: ignore[attr-defined]
                 profiles=profiles,
-                tables=tables,
             ),
             "TorchTrainer, uniform": lambda: (
                 run_torchtrainer(job, GLOBAL_BATCH, 4, REFERENCE_SPEED, steps).step_time_s
