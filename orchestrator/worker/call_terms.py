@@ -17,9 +17,12 @@ Emulation (``worker/emulation.py``): the stretch pads each call to ``factor x`` 
 CPU time seen for that call, so under emulation a call's cost is ``factor x`` its least CPU time
 and the per-call cost is ``factor x`` the CPU-time intercept; the chains are timed by that rule
 (least thread CPU time over the repeats, times the factor), as the per-layer profile is. On a
-real device: the median wall time, synchronised. A negative intercept (a long chain slower per
-layer than a short one, its working set outgrowing a cache) is no per-call cost: it is recorded
-as 0 and the cost model then sums the layers as profiled.
+real device: the median wall time, synchronised. An intercept is recorded only where it stands
+out of the points' scatter (positive and at least twice its standard error, :func:`call_intercept`):
+a negative one (a long chain slower per layer than a short one, its working set outgrowing a
+cache) is no per-call cost, and one within the scatter, netted out of every layer of a stage,
+would move the stage's time by the scatter times its layers. Either is recorded as 0, and the
+cost model then sums the layers as profiled.
 """
 
 from __future__ import annotations
@@ -65,6 +68,29 @@ def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
         raise ValueError("a line needs points at two different x")
     slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx
     return mean_y - slope * mean_x, slope
+
+
+def intercept_standard_error(points: Sequence[tuple[float, float]]) -> float:
+    """Standard error of the least-squares intercept (inf with two points: no residual left)."""
+    n = len(points)
+    if n <= 2:
+        return float("inf")
+    intercept, slope = fit_line(points)
+    mean_x = sum(x for x, _ in points) / n
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    residual = sum((y - intercept - slope * x) ** 2 for x, y in points) / (n - 2)
+    return float((residual * (1 / n + mean_x**2 / sxx)) ** 0.5)
+
+
+def call_intercept(points: Sequence[tuple[float, float]]) -> float:
+    """The per-call seconds a line through ``(layers, seconds)`` points shows: its intercept
+    where it is positive and at least twice its standard error, else 0 (a per-call cost the
+    points cannot tell from their own scatter is not charged: multiplied by the layers it is
+    netted out of, the scatter would move a stage's time more than the cost itself)."""
+    intercept, _ = fit_line(points)
+    if intercept <= 0 or intercept < 2 * intercept_standard_error(points):
+        return 0.0
+    return intercept
 
 
 def measure_call_overhead(
@@ -113,6 +139,6 @@ def measure_call_overhead(
     points = tuple(
         (k, slowdown_factor * pick(forward[k]), slowdown_factor * pick(backward[k])) for k in ks
     )
-    forward_call, _ = fit_line([(k, f) for k, f, _ in points])
-    backward_call, _ = fit_line([(k, b) for k, _, b in points])
-    return CallOverhead(max(0.0, forward_call), max(0.0, backward_call), points)
+    forward_call = call_intercept([(k, f) for k, f, _ in points])
+    backward_call = call_intercept([(k, b) for k, _, b in points])
+    return CallOverhead(forward_call, backward_call, points)

@@ -123,7 +123,11 @@ def _call_overhead(
     smallest candidate microbatch size: a fixed cost, measured with the least compute around it."""
     mbs = min(request.microbatch_sizes)
     inputs, _ = dataset.batch(0, mbs, 0, mbs)
-    return measure_call_overhead(model, layers, inputs.to(device), request.slowdown_factor)
+    # As many repeats as the layers' own times (emulated: the least of many, worker/emulation.py).
+    repeats = max(9, request.repeats)
+    return measure_call_overhead(
+        model, layers, inputs.to(device), request.slowdown_factor, repeats=repeats
+    )
 
 
 def _runtime_terms(

@@ -10,7 +10,7 @@ from orchestrator.costmodel.presets import MEGATRON_DEEPSPEED
 from orchestrator.planner.partition import StageCosts, split_layers
 from orchestrator.spec import Plan, ProfileSet
 from orchestrator.spec.profiles import RuntimeConstants
-from orchestrator.worker.call_terms import chain_lengths, fit_line
+from orchestrator.worker.call_terms import call_intercept, chain_lengths, fit_line
 
 from .toy import cluster, model, profiles, training
 
@@ -114,3 +114,13 @@ def test_the_fit_separates_the_call_from_the_layers() -> None:
     assert intercept == pytest.approx(0.5) and slope == pytest.approx(2.0)
     with pytest.raises(ValueError):
         fit_line([(1, 1.0), (1, 2.0)])
+
+
+def test_only_an_intercept_out_of_the_scatter_counts_as_a_call_cost() -> None:
+    exact = [(k, 0.5 + 2.0 * k) for k in (1, 2, 4, 8)]
+    assert call_intercept(exact) == pytest.approx(0.5)
+    # The same line with a scatter of +-0.5 at its points: the intercept is not told apart.
+    noisy = [(1, 3.0), (2, 4.0), (4, 8.5), (8, 16.5)]
+    assert call_intercept(noisy) == 0.0
+    # A long chain slower per layer than a short one (negative intercept): no per-call cost.
+    assert call_intercept([(k, -0.5 + 2.0 * k) for k in (1, 2, 4, 8)]) == 0.0
