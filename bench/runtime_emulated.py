@@ -113,7 +113,8 @@ def measure_ours(
     """Mean step time of ``plan`` through the WorkerGroup, timed at the driver.
 
     With the cost model's ``estimate``, prints where the step goes per rank against it (and,
-    with the ``profiles`` it came from, the runtime's fixed terms against what they measured).
+    with the ``profiles`` it came from, the runtime's fixed terms against what they measured),
+    and each rank's counted memory against the cost model's.
     """
     group = WorkerGroup(job)
     try:
@@ -130,6 +131,8 @@ def measure_ours(
         elapsed_s = time.perf_counter() - started
         if estimate is not None:
             print_breakdown(reports, estimate, elapsed_s / steps, plan, profiles)
+        if estimate is not None:
+            print_memory(reports[-1], estimate)
         # How much of the step the busiest rank spent computing (stretch included): the rest is
         # waiting, communication and orchestration.
         print(f"    busiest rank computes {busiest_s / elapsed_s:.0%} of the step")
@@ -197,10 +200,38 @@ def print_breakdown(
         )
 
 
+def print_memory(report: object, estimate: object) -> None:
+    """Per rank: the memory it counted at its last counted step (weights, gradients, optimizer
+    state, activations at their peak: ``worker/memory_account.py``) against the cost model's
+    device memory less its framework footprint (sharded stages' slices included). The footprint
+    is left out on both sides: on a CPU it is the process's resident memory, not a device's."""
+    predicted = {(d.replica, d.stage): d for d in estimate.devices}  # type: ignore[attr-defined]
+    ratios = []
+    for t in report.stage_timings:  # type: ignore[attr-defined]
+        d = predicted.get((t.replica, t.stage))
+        if t.memory is None or d is None:
+            continue
+        want, got = d.memory_bytes - d.framework_bytes, t.memory.total_bytes
+        ratios.append(want / got)
+        print(
+            f"    r{t.replica}s{t.stage} memory predicted {want / MIB:.2f} MiB,"
+            f" counted {got / MIB:.2f} MiB ({want / got:.3f})"
+        )
+    if ratios:
+        print(f"    predicted / counted memory per rank {min(ratios):.3f} .. {max(ratios):.3f}")
+
+
+MIB = 1024 * 1024
+
+
 def describe(plan: Plan) -> str:
     parts = []
     for r in plan.replicas:
-        stages = "+".join(f"{s.device_type}[{s.layers[0]},{s.layers[1]})" for s in r.stages)
+        stages = "+".join(
+            f"{s.device_type}[{s.layers[0]},{s.layers[1]})"
+            + ("" if s.sharding.value == "none" else f"/{s.sharding.value}")
+            for s in r.stages
+        )
         parts.append(f"b{r.batch_size}:{stages}")
     return f"mb{plan.microbatch_size} " + " | ".join(parts)
 
@@ -219,7 +250,10 @@ def plan_with_profiles(job: WorkerJob, work: Path) -> tuple[object, ProfileSet]:
             print(
                 f"  runtime terms {device_type}: {(c.microbatch_overhead_s or 0) * 1e3:.2f} ms"
                 f" per microbatch, {(c.step_overhead_s or 0) * 1e3:.1f} ms per step,"
-                f" round trip {(c.round_trip_s or 0) * 1e3:.1f} ms"
+                f" round trip {(c.round_trip_s or 0) * 1e3:.1f} ms, per call"
+                f" {(c.call_forward_s or 0) * 1e3:.2f} ms forward +"
+                f" {(c.call_backward_s or 0) * 1e3:.2f} ms backward,"
+                f" p2p latency {(c.p2p_latency_s or 0) * 1e3:.2f} ms"
             )
     return make_plan(cluster_from_nodes(nodes), SHAPE, training(), profiles), profiles
 
@@ -267,7 +301,11 @@ def heterogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[s
                 profiles=profiles,
             ),
             "ours, fastest-only": lambda: measure_ours(
-                job, baseline.plan, steps, estimate=baseline.estimate, profiles=profiles
+                job,
+                baseline.plan,
+                steps,
+                estimate=baseline.estimate,
+                profiles=profiles,
             ),
             "TorchTrainer, uniform": lambda: (
                 run_torchtrainer(
@@ -306,18 +344,31 @@ def heterogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[s
 def homogeneous(job: WorkerJob, steps: int, rounds: int, work: Path) -> dict[str, float]:
     print(f"homogeneous (emulated): 4 x {FAST[0]} @{FAST[1]}")
     with emulated_cluster([(FAST[0], FAST[1], 4)]):
-        result, _ = plan_with_profiles(job, work)
+        result, profiles = plan_with_profiles(job, work)
         plan = result.plan  # type: ignore[attr-defined]
-        print(f"  planned plan     {describe(plan)}")
-        median = rounds_of(
-            {
-                "ours, planned": lambda: measure_ours(job, plan, steps),
-                "TorchTrainer, uniform": lambda: (
-                    run_torchtrainer(job, GLOBAL_BATCH, 4, REFERENCE_SPEED, steps).step_time_s
-                ),
-            },
-            rounds,
-        )
+        predicted_s = result.estimate.step_time_s  # type: ignore[attr-defined]
+        print(f"  planned plan     {describe(plan)}  (predicted {predicted_s:.4f} s)")
+        runs = {
+            "ours, planned": lambda: measure_ours(
+                job,
+                plan,
+                steps,
+                estimate=result.estimate,  # type: ignore[attr-defined]
+                profiles=profiles,
+            ),
+            "TorchTrainer, uniform": lambda: (
+                run_torchtrainer(job, GLOBAL_BATCH, 4, REFERENCE_SPEED, steps).step_time_s
+            ),
+        }
+        if ONLY_OURS:
+            runs.pop("TorchTrainer, uniform")
+        median = rounds_of(runs, rounds)
+    print(
+        "  measured / predicted step time   "
+        f"{median['ours, planned'] / predicted_s:.3f}  (homogeneous planned)"
+    )
+    if ONLY_OURS:
+        return {"measured_over_predicted": median["ours, planned"] / predicted_s}
     ratio = median["ours, planned"] / median["TorchTrainer, uniform"]
     print(
         f"  median ours step {median['ours, planned']:.4f} s, "

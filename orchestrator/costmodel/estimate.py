@@ -17,10 +17,11 @@ runtime, fitted for the Megatron-DeepSpeed preset).
 
 A stage boundary under tensor parallelism moves ``1/tp`` of the activation per rank (Megatron's
 scatter/gather: each tp rank sends its slice, the receiving stage all-gathers it over the node's
-links). Peak memory is what a device would show: model state, activations in flight and the
-runtime's fixed framework footprint. A stage with ``recompute`` keeps only its blocks' inputs in
-flight, holds one block's full activations while recomputing it, and pays each block's forward
-twice (``tables.recomputed_table``).
+links); our runtime's transfers also pay the per-message latency the profiler measured
+(``CostTables.p2p_latency_s``). Peak memory is what a device would show: model state, activations
+in flight and the runtime's fixed framework footprint. A stage with ``recompute`` keeps only its
+blocks' inputs in flight, holds one block's full activations while recomputing it, and pays each
+block's forward twice (``tables.recomputed_table``).
 """
 
 from __future__ import annotations
@@ -161,6 +162,9 @@ def _boundary_s(
     tp = min(a.tp, b.tp)
     per_rank = nbytes / tp
     seconds = comm.p2p_s(per_rank, _link_bandwidth(cluster, a, b, per_rank))
+    # Each message's fixed latency where measured (our runtime's gloo transfers), once per
+    # transfer: the slower end's.
+    seconds += max(tables.p2p_latency_s(a.device_type), tables.p2p_latency_s(b.device_type))
     if tp > 1 and a.node != b.node:
         device = tables.device_types[b.device_type]
         nominal = (

@@ -50,6 +50,10 @@ class LayerTable:
     # layers run whole). A stage peaks at the largest of its layers' on top of what is in flight.
     transient_bytes: tuple[float, ...] = ()
     recompute: bool = False
+    # Seconds a stage's forward and backward calls cost per microbatch beyond their layers, once
+    # per stage whatever layers it holds (``CostTables.call_overhead_s``); the layers' times are
+    # then net of it. 0: the layers' times as profiled, each call charged with every layer.
+    call_s: float = 0.0
     _memory_prefix_cache: dict[int, list[float]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -64,7 +68,7 @@ class LayerTable:
             compute = self.compute_prefix_s
             mem = self.memory_prefix_bytes(in_flight)
             found = (
-                max(b - a for a, b in pairwise(compute)),
+                max(b - a for a, b in pairwise(compute)) + self.call_s,
                 max(b - a for a, b in pairwise(mem)),
             )
             self._largest_cache[in_flight] = found
@@ -82,7 +86,10 @@ class LayerTable:
         return found
 
     def compute_s(self, start: int, end: int) -> float:
-        return self.compute_prefix_s[end] - self.compute_prefix_s[start]
+        """Forward + backward seconds of one microbatch through a stage of layers
+        ``[start, end)``: its layers' own times and the stage's calls once."""
+        layers_s = self.compute_prefix_s[end] - self.compute_prefix_s[start]
+        return layers_s + (self.call_s if end > start else 0.0)
 
     def forward_s(self, start: int, end: int) -> float:
         return sum(t.forward_s for t in self.times[start:end])
@@ -305,6 +312,23 @@ class CostTables:
             return self.runtime.step_overhead_s
         return measured.step_overhead_s + (measured.round_trip_s or 0.0)
 
+    def call_overhead_s(self, device_type: str) -> tuple[float, float] | None:
+        """Per-call seconds of a stage's forward and backward on this device type, as the
+        profiler measured them for our runtime (``worker/call_terms.py``), or None (an older
+        profile, another runtime): the layers' profiled times are then summed as they are."""
+        measured = self._measured_time_terms(device_type)
+        if measured is None or measured.call_forward_s is None or measured.call_backward_s is None:
+            return None
+        return measured.call_forward_s, measured.call_backward_s
+
+    def p2p_latency_s(self, device_type: str) -> float:
+        """Seconds one point-to-point message costs beyond its bytes on this device type, as
+        the profiler measured it for our runtime (``worker/p2p_latency.py``), else 0."""
+        measured = self._measured_time_terms(device_type)
+        if measured is None or measured.p2p_latency_s is None:
+            return 0.0
+        return measured.p2p_latency_s
+
     def _measured_time_terms(self, device_type: str) -> RuntimeConstants | None:
         if not self.runtime.measured_constants:
             return None
@@ -449,6 +473,10 @@ class CostTables:
         times: list[LayerTime] = []
         activations: list[float] = []
         sixteen_bit = training.runtime_precision is not Dtype.FP32
+        # Each profiled layer was its own call: net its share out, charge the stage's calls once
+        # (a borrowed entry's calls belong to another device type: summed as they are).
+        calls = None if transferred or entry is None else self.call_overhead_s(device_type)
+        call_forward_s, call_backward_s = calls or (0.0, 0.0)
         boundary_activations: list[float] = []
 
         for layer in range(model.num_planner_layers):
@@ -474,8 +502,8 @@ class CostTables:
                     ).update_s
                 times.append(
                     LayerTime(
-                        forward_s=measured.forward_s * scale,
-                        backward_s=measured.backward_s * scale,
+                        forward_s=max(0.0, measured.forward_s - call_forward_s) * scale,
+                        backward_s=max(0.0, measured.backward_s - call_backward_s) * scale,
                         update_s=update_s * update_scale,
                         estimated=not exact,
                     )
@@ -518,4 +546,5 @@ class CostTables:
             boundary_activation_prefix_bytes=(
                 _prefix(boundary_activations) if boundary_activations != activations else None
             ),
+            call_s=call_forward_s + call_backward_s,
         )

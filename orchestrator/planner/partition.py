@@ -52,7 +52,9 @@ class Split:
 def _furthest_end(stage: StageCosts, start: int, budget_s: float, last_allowed: int) -> int:
     """Largest end in (start, last_allowed] whose stage fits the time budget and memory."""
     compute = stage.table.compute_prefix_s
-    by_time = bisect_right(compute, compute[start] + budget_s - stage.comm_s, lo=start) - 1
+    # The stage's calls cost table.call_s once, whatever layers it takes.
+    own_s = budget_s - stage.comm_s - stage.table.call_s
+    by_time = bisect_right(compute, compute[start] + own_s, lo=start) - 1
     mem = stage.table.memory_prefix_bytes(stage.in_flight)
     by_memory = bisect_right(mem, mem[start] + stage.memory_cap_bytes, lo=start) - 1
     return min(by_time, by_memory, last_allowed)
@@ -185,7 +187,7 @@ def split_layers(stages: list[StageCosts], num_layers: int) -> Split | None:
     """The split minimising the bottleneck, or None if no split fits in memory."""
     if not stages or len(stages) > num_layers:
         return None
-    hi = max(s.table.compute_prefix_s[num_layers] + s.comm_s for s in stages) * (1 + 1e-12)
+    hi = max(s.table.compute_s(0, num_layers) + s.comm_s for s in stages) * (1 + 1e-12)
     largest = [_largest_layer(stage) for stage in stages]
 
     def exact(stages: list[StageCosts], num_layers: int, budget_s: float) -> list[int] | None:

@@ -73,6 +73,19 @@ class RuntimeConstants(BaseModel):
     optimizer loop); ``round_trip_s``, seconds the driver's call of a step costs beyond the
     rank's own step (a Ray actor call to a node of this type and its reply, measured by
     ``runtime/profiling.py``).
+
+    Per-call fixed seconds of a stage's compute (``worker/call_terms.py``; None: not measured,
+    the cost model then sums the layers' profiled times as they are): a rank runs a stage's
+    layers, per microbatch, as one forward call and one backward call, and each call costs
+    ``call_forward_s`` / ``call_backward_s`` beyond its layers' own work (the intercept of the
+    call's time against the number of consecutive layers in it; emulated: stretched as the
+    runtime stretches each call). The per-layer profile times every layer as its own call, so
+    each layer's figure holds the intercept once: the cost model charges it once per stage and
+    microbatch and nets it out of every layer.
+
+    ``p2p_latency_s``: seconds of one point-to-point message between two gloo ranks on a node of
+    this type, beyond its bytes over the link (``worker/p2p_latency.py``; None: not measured, as
+    on GPU nodes, whose transfers are NCCL's); the cost model charges it per boundary transfer.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -84,6 +97,9 @@ class RuntimeConstants(BaseModel):
     microbatch_overhead_s: NonNegativeFloat | None = None
     step_overhead_s: NonNegativeFloat | None = None
     round_trip_s: NonNegativeFloat | None = None
+    call_forward_s: NonNegativeFloat | None = None
+    call_backward_s: NonNegativeFloat | None = None
+    p2p_latency_s: NonNegativeFloat | None = None
 
 
 class ProfileFile(BaseModel):

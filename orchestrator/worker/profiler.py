@@ -36,6 +36,7 @@ from orchestrator.spec.profiles import (
     RuntimeConstants,
     read_profile,
 )
+from orchestrator.worker.call_terms import CallOverhead, measure_call_overhead
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.engine import build_layers
 from orchestrator.worker.memory_account import ActivationAccount, DeviceMemory, state_bytes
@@ -45,7 +46,8 @@ from orchestrator.worker.runtime_terms import RuntimeTerms, measure_runtime_term
 
 # Bumped when how the profiler measures changes, so cached profiles of the old way are not reused.
 MEASUREMENT_METHOD = (
-    "v5: emulated times from the least thread CPU time; 16-bit activations; runtime time terms"
+    "v6: emulated times from the least thread CPU time; 16-bit activations; runtime time terms;"
+    " layers timed without hooks, backward from a ready gradient; per-call stage terms"
 )
 
 
@@ -87,6 +89,7 @@ def profile(request: ProfileRequest, device: torch.device | None = None) -> Prof
         }
         entries.append(ProfileEntry(microbatch_size=mbs, tp=1, layers=timings))
     terms = _runtime_terms(model, layers, dataset, request, device)
+    calls = _call_overhead(model, layers, dataset, request, device)
     emulated = request.slowdown_factor != 1.0
     return ProfileFile(
         model=model.name,
@@ -103,7 +106,27 @@ def profile(request: ProfileRequest, device: torch.device | None = None) -> Prof
             source=_constants_source(device),
             microbatch_overhead_s=terms.microbatch_overhead_s,
             step_overhead_s=terms.step_overhead_s,
+            call_forward_s=calls.forward_s if calls is not None else None,
+            call_backward_s=calls.backward_s if calls is not None else None,
         ),
+    )
+
+
+def _call_overhead(
+    model: LayeredModel,
+    layers: dict[int, nn.Module],
+    dataset: Any,
+    request: ProfileRequest,
+    device: torch.device,
+) -> CallOverhead | None:
+    """The per-call seconds of a stage's forward and backward (``worker/call_terms.py``), at the
+    smallest candidate microbatch size: a fixed cost, measured with the least compute around it."""
+    mbs = min(request.microbatch_sizes)
+    inputs, _ = dataset.batch(0, mbs, 0, mbs)
+    # As many repeats as the layers' own times (emulated: the least of many, worker/emulation.py).
+    repeats = max(9, request.repeats)
+    return measure_call_overhead(
+        model, layers, inputs.to(device), request.slowdown_factor, repeats=repeats
     )
 
 
@@ -178,7 +201,8 @@ def _constants_source(device: torch.device) -> str:
     return (
         f"measured by orchestrator.worker.profiler: framework = {where} before the model; "
         "state = counted storages after one update; time terms = a one-stage step through the "
-        "runtime's stage runner, outside its timed pieces (worker/runtime_terms.py)"
+        "runtime's stage runner, outside its timed pieces (worker/runtime_terms.py); call terms "
+        "= intercept of chains of k blocks timed as one call (worker/call_terms.py)"
     )
 
 
@@ -201,21 +225,21 @@ def _profile_layer(
     clock = time.thread_time if emulated else time.perf_counter
     pick = min if emulated else statistics.median
     forward_s, backward_s, update_s = [], [], []
-    saved_bytes = 0
+    x = _layer_input(model, layers, index, inputs)
+    saved_bytes = _saved_bytes(model, layer, x, targets, is_last)
+    shape = model.boundary_shape(inputs.shape[0])
+    grad = None if is_last else torch.ones(shape, dtype=model.boundary_dtype, device=x.device)
     for run in range(request.warmup + request.repeats):
+        # Timed as a one-layer stage runs it (worker/pipeline.py): no hooks around the forward,
+        # the backward from a gradient already at hand.
         x = _layer_input(model, layers, index, inputs)
-        counter = _SavedBytes(layer)
         start = clock()
-        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
-            out = layer(x)
-            if is_last:
-                out = model.loss(out, targets)
+        out = layer(x)
+        if is_last:
+            out = model.loss(out, targets)
         sync()
         mid = clock()
-        if is_last:
-            out.backward()
-        else:
-            out.backward(torch.ones_like(out))
+        out.backward(grad)
         sync()
         end = clock()
         optimizer.step()
@@ -226,7 +250,6 @@ def _profile_layer(
             forward_s.append(mid - start)
             backward_s.append(end - mid)
             update_s.append(done - end)
-            saved_bytes = max(saved_bytes, counter.total_bytes)
     factor = request.slowdown_factor
     return LayerTiming(
         activation_bytes_16bit=_saved_bytes_16bit(model, layers, index, inputs, targets, False),
@@ -239,6 +262,20 @@ def _profile_layer(
         activation_bytes=saved_bytes,
         param_bytes=sum(p.numel() * p.element_size() for p in layer.parameters()),
     )
+
+
+def _saved_bytes(
+    model: LayeredModel, layer: nn.Module, x: torch.Tensor, targets: torch.Tensor, is_last: bool
+) -> int:
+    """Bytes one forward of ``layer`` saves for backward (an untimed run: the counting hooks
+    cost time a running rank does not spend)."""
+    counter = _SavedBytes(layer)
+    with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+        out = layer(x)
+        if is_last:
+            out = model.loss(out, targets)
+    del out
+    return counter.total_bytes
 
 
 def _saved_bytes_16bit(

@@ -106,3 +106,44 @@ def test_runtime_terms_line_goes_through_its_two_points() -> None:
     assert terms.step_overhead_s == pytest.approx(max(0.0, o1 - terms.microbatch_overhead_s))
     # The layers are left with no gradients, as the profiler's other measurements expect.
     assert all(p.grad is None for layer in layers.values() for p in layer.parameters())
+
+
+def test_call_terms_fit_chains_of_blocks_timed_as_one_call() -> None:
+    """Chains of k = 1, 2, ... blocks, each as one forward and one backward call: the per-call
+    seconds are the line's intercept where it stands out of the points' scatter (else 0),
+    stretched by the emulated factor as the runtime stretches a call; the profile's runtime
+    section carries them."""
+    import torch
+
+    from orchestrator.worker.call_terms import call_intercept, measure_call_overhead
+    from orchestrator.worker.data import make_dataset
+    from orchestrator.worker.engine import build_layers
+    from orchestrator.worker.model_api import build_model
+
+    kwargs = dict(KWARGS, num_layers=4)
+    model = build_model(GPT_FACTORY, kwargs)
+    layers = build_layers(model, range(model.num_planner_layers), 0, torch.device("cpu"))
+    inputs, _ = make_dataset(DataConfig(sequence_length=16), 0).batch(0, 2, 0, 2)
+    calls = measure_call_overhead(model, layers, inputs, 3.0, warmup=1, repeats=3)
+    assert calls is not None
+    assert [k for k, _, _ in calls.points] == [1, 2, 4]
+    # Longer chains take longer: the points measure the layers, not only the calls.
+    forward = [f for _, f, _ in calls.points]
+    assert forward[-1] > forward[0] > 0
+    assert calls.forward_s == call_intercept([(k, f) for k, f, _ in calls.points])
+    assert calls.backward_s == call_intercept([(k, b) for k, _, b in calls.points])
+    assert all(p.grad is None for layer in layers.values() for p in layer.parameters())
+    # A model of one block has no line to fit: the profile then carries no call terms.
+    one = profile(request(model_kwargs=dict(KWARGS, num_layers=1), microbatch_sizes=(2,)))
+    assert one.runtime is not None and one.runtime.call_forward_s is None
+    two = profile(request(microbatch_sizes=(2,))).runtime
+    assert two is not None and two.call_forward_s is not None and two.call_backward_s is not None
+
+
+def test_gloo_latency_between_two_local_ranks() -> None:
+    """Two spawned gloo ranks bounce a 4-byte tensor: one message costs a positive time, well
+    under the link's time for a boundary activation (milliseconds at most on any host)."""
+    from orchestrator.worker.p2p_latency import measure_p2p_latency_s
+
+    latency_s = measure_p2p_latency_s(warmup=2, repeats=10)
+    assert 0 < latency_s < 0.05

@@ -39,6 +39,8 @@ def test_profiles_every_device_type_and_caches(ray_cluster: object, tmp_path: Pa
         assert constants.microbatch_overhead_s is not None and constants.microbatch_overhead_s > 0
         assert constants.step_overhead_s is not None
         assert constants.round_trip_s is not None and 0 < constants.round_trip_s < 5.0
+        # CPU nodes: gloo's per-message latency, measured on the node.
+        assert constants.p2p_latency_s is not None and 0 < constants.p2p_latency_s < 0.05
     second = profile_device_types(job, nodes, [1, 2], tmp_path / "out", tmp_path / "cache")
     assert all(p.from_cache for p in second)
     # The cache keeps the round trip: a cached profile is not timed again.
