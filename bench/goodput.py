@@ -45,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _goodput_side import Schedule, figures, run_ours, run_raytrain
+from _stall_causes import breakdown, intervals, step_slowdown
 from recovery import GLOBAL_BATCH, KIND, job_spec, raytrain_config
 
 from orchestrator.demo.cluster import ClusterStartError, LocalCluster
@@ -105,7 +106,23 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
         # The controller's own count: a restore from the checkpoint whose run then committed
         # nothing more in the window leaves no trace in the committed-step rows.
         out["steps_lost_by_controller"] = summary["lost_steps_total"]
-        kinds = {"failure", "recovery", "plan_chosen", "replan", "replan_skipped", "node_joined"}
+        kinds = {"failure", "recovery", "plan_chosen", "replan", "replan_skipped", "node_joined",
+                 "warming", "warm_ready"}  # fmt: skip
+        ref_end = timeline.started_s + schedule.reference_s
+        spans = intervals(summary["events"], timeline.kills_s)
+        step_s = out["step_s_reference"]
+        out["lost_by_cause_s"] = breakdown(
+            timeline.rows, spans, ref_end, timeline.started_s + schedule.total_s, step_s
+        )
+        out["lost_in_reference_s"] = sum(
+            breakdown(timeline.rows, spans, timeline.started_s, ref_end, step_s).values()
+        )
+        out["warm_up_step_slowdown"] = step_slowdown(timeline.rows, spans, "warm-up", step_s)
+        out["warm_ups"] = [
+            {k: e["data"].get(k) for k in ("start_s", "import_s", "build_s", "total_s")}
+            for e in summary["events"]
+            if e["kind"] == "warm_ready" and e["time_s"] >= timeline.started_s
+        ]
         out["events"] = [
             f"{e['time_s'] - timeline.started_s:7.1f} s {e['kind']}: {e['message'][:150]}"
             for e in summary["events"]
@@ -174,6 +191,16 @@ def report(results: dict[str, dict[str, Any]], schedule: Schedule) -> None:
                 f"{r['recoveries']}")  # fmt: skip
         for line in r.get("events", []):
             log(f"    {line}")
+        if r.get("lost_by_cause_s"):
+            causes = r["lost_by_cause_s"]
+            lost = sum(causes.values())
+            log(f"  {name}: time lost under failures by cause, s (total {lost:.1f}; the "
+                f"reference window lost {r['lost_in_reference_s']:.1f} of "
+                f"{schedule.reference_s:.0f} s the same way): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in causes.items()))  # fmt: skip
+            ratio, n = r["warm_up_step_slowdown"]
+            log(f"  {name}: median step while a joiner warms / reference step: "
+                f"{_fmt(ratio, '.2f')} ({n} steps); warm-ups, s: {r['warm_ups']}")  # fmt: skip
         if "steps_lost_by_controller" in r:
             log(f"  {name}: steps lost by the controller's count: {r['steps_lost_by_controller']}")
         if r.get("switch_costs_s"):

@@ -59,6 +59,8 @@ class ControllerConfig:
                 backoff_multiplier=spec.backoff_multiplier,
                 max_backoff_s=spec.max_backoff_s,
                 reset_after_s=spec.backoff_reset_after_s,
+                stable_steps=spec.backoff_reset_after_stable_steps,
+                stable_s=spec.backoff_reset_after_stable_s,
             ),
             replan=ReplanPolicy(switch_threshold=spec.switch_threshold),
         )

@@ -243,6 +243,7 @@ class RunContext:
         if led.pending_recovery is not None:
             cause, since_s = led.pending_recovery
             led.pending_recovery = None
+            led.recovered_at = (self.now_s(), led.next_step)
             duration_s = self.now_s() - since_s
             lost = led.last_lost_steps
             self.record(
@@ -305,10 +306,16 @@ class RunContext:
         )
         if led.pending_recovery is None:
             led.pending_recovery = (cause, now_s)
-        if now_s - led.last_failure_s > self.config.failure.reset_after_s:
-            led.burst_count = 0  # the previous failure is long past: a new burst
+        trained = (
+            None
+            if led.recovered_at is None
+            else (led.next_step - led.recovered_at[1], now_s - led.recovered_at[0])
+        )
+        if self.config.failure.starts_burst(now_s - led.last_failure_s, trained):
+            led.burst_count = 0  # long past, or recovered and trained stably since: a new burst
         led.burst_count += 1
         led.last_failure_s = now_s
+        led.recovered_at = None
         decision = self.config.failure.decide(led.failure_count, cause, led.burst_count)
         if isinstance(decision, GiveUp):
             return self.fail(decision.reason, restore or (prior.restore if prior else None))

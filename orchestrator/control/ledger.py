@@ -26,6 +26,8 @@ class RunLedger:
     last_checkpoint_step: int | None = None
     burst_count: int = 0  # failures of the current burst (see policies/failure.py)
     last_failure_s: float = float("-inf")
+    # (time, committed steps) at the first step after the latest recovery; None until it commits.
+    recovered_at: tuple[float, int] | None = None
     # Not planned on until they rejoin (policies/rejoin.py).
     excluded_nodes: set[str] = field(default_factory=set)
     slowdown_by_node: dict[str, float] = field(default_factory=dict)

@@ -5,9 +5,18 @@ should cost no idle time); the n-th (n >= 2) waits ``min(initial_backoff_s * mul
 max_backoff_s)`` before the controller re-plans, so a flapping node does not make the run thrash.
 Failure ``max_failures + 1`` gives up.
 
-The backoff counts only a *burst*: a failure more than ``reset_after_s`` after the previous one
-starts the count again (n = 1, no wait). Without that, a long run at scale, where interruptions
-hours apart are normal, would wait ``max_backoff_s`` after every one of them.
+The backoff counts only a *burst*. A failure starts a new one (n = 1, no wait) when
+
+- it comes more than ``reset_after_s`` after the previous failure, or
+- the previous failure's recovery succeeded (its first step committed) and the run then trained
+  stably: at least ``stable_steps`` committed steps *and* ``stable_s`` seconds since that first
+  step, before this failure.
+
+Without the first, a long run at scale, where interruptions hours apart are normal, would wait
+``max_backoff_s`` after every one of them; without the second, independent failures a minute
+apart (each recovered and trained on) would wait 1, 2, 4, ... s as if a node were flapping. What
+the backoff is for, a recovery that fails again at once or a node that drops out every few
+seconds, never trains ``stable_s`` between failures and still backs off.
 """
 
 from __future__ import annotations
@@ -53,6 +62,9 @@ class FailurePolicy:
     backoff_multiplier: float = 2.0
     max_backoff_s: float = 30.0
     reset_after_s: float = 600.0  # a failure this long after the previous one starts a new burst
+    # A failure after the previous recovery trained this long (steps and seconds) starts one too.
+    stable_steps: int = 20
+    stable_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_failures < 0:
@@ -73,12 +85,36 @@ class FailurePolicy:
                 field="elasticity.reset_after_s",
                 fix="use 0 or more seconds",
             )
+        if self.stable_steps < 0 or self.stable_s < 0:
+            raise SpecError(
+                f"stable training is {self.stable_steps} steps / {self.stable_s} s",
+                field="elasticity.backoff_reset_after_stable_steps / backoff_reset_after_stable_s",
+                fix="use 0 or more",
+            )
         if self.backoff_multiplier < 1:
             raise SpecError(
                 f"backoff_multiplier is {self.backoff_multiplier}",
                 field="elasticity.backoff_multiplier",
                 fix="use 1 (constant backoff) or more",
             )
+
+    def starts_burst(
+        self,
+        since_previous_failure_s: float,
+        trained_since_recovery: tuple[int, float] | None,
+    ) -> bool:
+        """Whether a failure starts a new burst (its backoff from zero).
+
+        ``since_previous_failure_s``: seconds since the previous failure (``inf`` if none).
+        ``trained_since_recovery``: (committed steps, seconds) since the first step after the
+        previous failure's recovery; None when that recovery has not yet committed a step.
+        """
+        if since_previous_failure_s > self.reset_after_s:
+            return True
+        if trained_since_recovery is None:
+            return False
+        steps, seconds = trained_since_recovery
+        return steps >= self.stable_steps and seconds >= self.stable_s
 
     def backoff_s(self, failure_count: int) -> float:
         """Seconds to wait after the ``failure_count``-th failure (1-based); none after the 1st."""

@@ -21,6 +21,9 @@ class ElasticitySpec(BaseModel):
     max_backoff_s: NonNegativeFloat = 30.0
     # A failure this long after the previous one starts the backoff over (policies/failure.py).
     backoff_reset_after_s: NonNegativeFloat = 600.0
+    # ... and so does one after the previous recovery trained this many steps and seconds.
+    backoff_reset_after_stable_steps: NonNegativeInt = 20
+    backoff_reset_after_stable_s: NonNegativeFloat = 10.0
     # The gain over the remaining steps must exceed this many times the measured switch cost.
     switch_threshold: NonNegativeFloat = 1.0
     # Used until the first switch (or the first launch) has been measured.

@@ -62,3 +62,28 @@ def test_a_step_is_abandoned_only_where_the_deadline_falls_before_it_would_end()
     assert deadline_hits(deadlines, {"a", "b"}, 110.0) == {"a"}
     assert deadline_hits(deadlines, {"a", "b"}, 99.0) == set()
     assert deadline_hits(deadlines, {"a", "b", "c"}, 130.0) == {"a", "b", "c"}
+
+
+def test_a_drain_ray_reports_itself_is_acted_on_within_the_watch_interval():
+    import time
+
+    draining: dict[str, int] = {}
+    probe = RayClusterProbe(rows=lambda: [dict(r) for r in ROWS], draining=lambda: dict(draining))
+    drains: list[tuple[str, float | None, float]] = []
+    probe.on_drain = lambda node, deadline, at_s: drains.append((node, deadline, at_s))
+    stop = probe.watch_drains(interval_s=0.01)
+    try:
+        time.sleep(0.05)
+        assert drains == [] and probe.take_news() is False  # nothing draining yet
+        draining["b" * 16] = 2_000_000_000_000  # Ray's deadline, ms since the epoch
+        drained_s = time.time()
+        while not drains and time.time() < drained_s + 5.0:
+            time.sleep(0.005)
+        [(node, deadline_s, seen_s)] = drains
+        assert (node, deadline_s) == ("b" * 16, 2e9)
+        assert seen_s - drained_s < 1.0  # well inside a poll period, not at the next snapshot
+        assert probe.take_news() is True  # the controller polls at its next step boundary
+        time.sleep(0.05)
+        assert len(drains) == 1  # the same drain is told once
+    finally:
+        stop.set()

@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 LOST_EVENTS = frozenset({"node_lost", "not_ready", "removed"})
 DRAIN_EVENTS = frozenset({"preemption_notice", "spot_termination", "cordoned"})
 
+# How often Ray's draining nodes are looked at between snapshots (``watch_drains``).
+DRAIN_WATCH_INTERVAL_S = 0.1
+
 Rows = Callable[[], list[dict[str, Any]]]
 Draining = Callable[[], Mapping[str, int]]
 
@@ -128,6 +131,35 @@ class RayClusterProbe:
             lost(node_id, posted_at_s)
         if drain is not None:
             drain(node_id, deadline_s, posted_at_s)
+
+    def watch_drains(self, interval_s: float = DRAIN_WATCH_INTERVAL_S) -> threading.Event:
+        """Look at Ray's draining nodes every ``interval_s`` on a daemon thread, and treat a
+        new one (or a new deadline) like a posted preemption notice: ``on_drain`` is told at
+        once and the controller polls at its next step boundary. Ray pushes no event for a
+        drain (its GCS publishes none a client can subscribe to outside its own private
+        pubsub), so a poll this cheap (one GCS call) stands in for it. Set the returned event
+        to stop the thread."""
+        stop = threading.Event()
+
+        def watch() -> None:
+            seen: dict[str, int] = {}
+            while not stop.wait(interval_s):
+                try:
+                    now = dict(self._draining())
+                except Exception:  # the GCS busy or gone: the next look, or the next poll
+                    continue
+                fresh = {n: d for n, d in now.items() if seen.get(n) != d}
+                seen = now
+                if not fresh:
+                    continue
+                self._news.set()
+                drain = self.on_drain
+                for node_id, deadline_ms in sorted(fresh.items()):
+                    if drain is not None:
+                        drain(node_id, deadline_ms / 1000.0 if deadline_ms else None, time.time())
+
+        threading.Thread(target=watch, name="ray-drain-watch", daemon=True).start()
+        return stop
 
     def take_news(self) -> bool:
         """True once after any event was posted (the controller then polls at once)."""

@@ -283,9 +283,12 @@ class Session:
 
     def run(self) -> RunSummary:
         """Run to FINISHED or FAILED; stop the telemetry server; return :meth:`summary`."""
+        # Ray's own drain notices are acted on within ~0.1 s, like posted ones (probe.py).
+        watching = self.probe.watch_drains()
         try:
             self.controller.run()
         finally:
+            watching.set()
             self.workers.stop()
             if self.telemetry is not None:
                 self.telemetry.stop()

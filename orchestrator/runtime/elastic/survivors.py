@@ -69,6 +69,10 @@ from orchestrator.worker.topology import (
 
 # How long a survivor's step blocked on a dead peer may take to fail before the survivor is dropped.
 INFLIGHT_GRACE_S = 10.0
+# How long survivors' steps may stay in flight before the returned ones leave their process
+# groups to unblock them (``_unblock``), and how long leaving may take.
+UNBLOCK_AFTER_S = 0.3
+LEAVE_TIMEOUT_S = 2.0
 # How often a step in flight looks for node events posted meanwhile (the bound on reacting).
 POSTED_POLL_S = 0.02
 
@@ -467,11 +471,24 @@ class ElasticWorkerGroup(WorkerGroup):
         pending = {ref: r for r, ref in self._inflight.items() if r in alive}
         if pending:
             _ready, stuck = ray.wait(
-                list(pending), num_returns=len(pending), timeout=INFLIGHT_GRACE_S
+                list(pending), num_returns=len(pending), timeout=UNBLOCK_AFTER_S
             )
+            if stuck:
+                self._unblock(alive - {pending[ref] for ref in stuck})
+                _ready, stuck = ray.wait(stuck, num_returns=len(stuck), timeout=INFLIGHT_GRACE_S)
             alive -= {pending[ref] for ref in stuck}
         self._inflight = {}
         return alive
+
+    def _unblock(self, returned: set[int]) -> None:
+        """Free survivors still in their step: they wait in a collective on a peer that is alive
+        but has left it (its own step failed on the dead rank, so it sends nothing more), and
+        gloo would wait out its whole timeout. The survivors whose step has returned leave their
+        process groups now (the re-formation would next): their sockets close, and a collective
+        waiting on them fails at once with a closed connection."""
+        refs = [self._actors[r].leave_group.remote() for r in sorted(returned)]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=LEAVE_TIMEOUT_S)
 
     def _drop(self, old: int) -> None:
         actor = self._actors[old]

@@ -118,26 +118,36 @@ class ElasticWorker(_Base):  # type: ignore[misc]
     def warm(self, plan_json: str, rank: int) -> dict[str, Any]:
         """Import torch and build the engine of ``rank`` in ``plan_json`` without joining any
         process group, for a later :meth:`reform` into that rank to adopt. Returns the seconds
-        each part took and when this actor was constructed (wall time)."""
-        with self._build_lock:
-            import_start_s = time.perf_counter()
-            from orchestrator.runtime.actor import engine_config  # imports nothing heavy
-            from orchestrator.worker.engine import StageEngine  # imports torch
+        each part took and when this actor was constructed (wall time).
 
-            if self._import_s is None:  # the first warm-up imports; a later one finds it done
-                self._import_s = time.perf_counter() - import_start_s
-            build_start_s = time.perf_counter()
-            slowdown = self._slowdown()
-            engine = StageEngine(engine_config(self._job, plan_json, rank, slowdown))
-            self._warm_engine = (plan_json, rank, slowdown, engine)
-            return {
-                "rank": rank,
-                "pid": os.getpid(),
-                "created_unix_s": self._created_unix_s,
-                "import_s": self._import_s,
-                "build_s": time.perf_counter() - build_start_s,
-                "ready_unix_s": time.time(),
-            }
+        The work runs on a thread at the lowest CPU priority (``background.py``): where the
+        joiner shares CPUs with the ranks that train meanwhile, it takes only what they leave."""
+        from orchestrator.runtime.elastic.background import run_at_low_priority
+
+        with self._build_lock:
+            result, nice = run_at_low_priority(lambda: self._warm(plan_json, rank))
+            return {**result, "nice": nice}
+
+    def _warm(self, plan_json: str, rank: int) -> dict[str, Any]:
+        """The warm-up itself (under the build lock, on the low-priority thread)."""
+        import_start_s = time.perf_counter()
+        from orchestrator.runtime.actor import engine_config  # imports nothing heavy
+        from orchestrator.worker.engine import StageEngine  # imports torch
+
+        if self._import_s is None:  # the first warm-up imports; a later one finds it done
+            self._import_s = time.perf_counter() - import_start_s
+        build_start_s = time.perf_counter()
+        slowdown = self._slowdown()
+        engine = StageEngine(engine_config(self._job, plan_json, rank, slowdown))
+        self._warm_engine = (plan_json, rank, slowdown, engine)
+        return {
+            "rank": rank,
+            "pid": os.getpid(),
+            "created_unix_s": self._created_unix_s,
+            "import_s": self._import_s,
+            "build_s": time.perf_counter() - build_start_s,
+            "ready_unix_s": time.time(),
+        }
 
     def _slowdown(self) -> float:
         """The emulated slowdown this actor's engines run at (1.0 where a real GPU is)."""
@@ -158,6 +168,9 @@ class ElasticWorker(_Base):  # type: ignore[misc]
 
     def reform(self, *args: Any) -> dict[str, Any]:
         """Become a rank of a new plan: :meth:`_reform`'s arguments, under the build lock."""
+        from orchestrator.runtime.elastic.background import hurry
+
+        hurry()  # a warm-up still running at low priority: this switch waits for it
         with self._build_lock:
             return self._reform(*args)
 
@@ -238,6 +251,15 @@ class ElasticWorker(_Base):  # type: ignore[misc]
             "load_s": loaded_s - built_s,  # waiting for and loading the layers sent to it
             "rendezvous_s": joined_s - loaded_s,
         }
+
+    def leave_group(self) -> None:
+        """Leave the torch process groups now, keeping the engine and its layers (its step has
+        returned; the re-formation builds new groups): peers still waiting on this rank in a
+        collective see the connection close and fail at once."""
+        import torch.distributed as dist
+
+        if self._engine is not None and dist.is_initialized():
+            dist.destroy_process_group()
 
     def settle(self, committed_steps: int) -> None:
         """Apply the pending update if its step is committed, else drop it (a shard group's

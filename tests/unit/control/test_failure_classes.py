@@ -192,6 +192,32 @@ def test_backoff_starts_again_after_a_quiet_stretch():
     assert h.controller.failure_count == 3  # the budget still counts every failure
 
 
+def test_a_failure_after_the_recovery_trained_stably_backs_off_from_zero():
+    four = [("a", "A100-80", 2), ("b", "A100-80", 2), ("c", "L4", 2), ("d", "L4", 2)]
+    h = make_harness(four, total_steps=400)
+    c = h.controller
+    backoffs = []
+
+    def kill(node):
+        h.cluster.kill(node)
+        h.states_until(lambda c: c.state.name == "recovering")
+        backoffs.append(c.events[-1].data["backoff_s"])
+        h.states_until(lambda c: c.state.name == "running" and c.ledger.recovered_at is not None)
+        return c.next_step, h.clock.now_s()
+
+    h.states_until(lambda c: c.state.name == "running" and c.next_step > 3)
+    step, at_s = kill("a")
+    # Stable: 20 steps and 10 s trained after the recovery's first step (steps of ~0.1-1 s).
+    h.states_until(lambda c: c.next_step >= step + 20 and h.clock.now_s() >= at_s + 10.0)
+    step, at_s = kill("b")
+    # Not stable: killed 5 steps after the recovery (a node dropping out right after).
+    h.states_until(lambda c: c.next_step >= step + 5)
+    assert h.clock.now_s() < at_s + 600.0
+    kill("c")
+    assert backoffs == [0.0, 0.0, 1.0]
+    assert c.failure_count == 3  # the budget still counts every failure
+
+
 def _nodes_of(plan):
     return {s.node for r in plan.replicas for s in r.stages}
 
@@ -243,3 +269,9 @@ def test_the_backoff_reset_is_a_job_setting():
         ElasticitySpec(backoff_reset_after_s=120), total_steps=10, checkpoint_interval_steps=5
     )
     assert config.failure.reset_after_s == 120
+    config = ControllerConfig.from_spec(
+        ElasticitySpec(backoff_reset_after_stable_steps=50, backoff_reset_after_stable_s=30),
+        total_steps=10,
+        checkpoint_interval_steps=5,
+    )
+    assert (config.failure.stable_steps, config.failure.stable_s) == (50, 30.0)

@@ -33,6 +33,20 @@ def test_failure_backoff_doubles_then_caps_and_budget_runs_out():
     assert "node n1 lost" in give_up.reason and "max_failures" in give_up.reason
 
 
+def test_a_failure_after_stable_training_starts_a_new_burst():
+    policy = FailurePolicy(reset_after_s=600.0, stable_steps=20, stable_s=10.0)
+    # Recovered and trained 20 steps over 12 s since: a new burst (backoff from zero).
+    assert policy.starts_burst(30.0, (20, 12.0))
+    # Too few steps, or too few seconds, since the recovery: the same burst.
+    assert not policy.starts_burst(30.0, (19, 12.0))
+    assert not policy.starts_burst(30.0, (200, 9.0))
+    # The recovery has not committed a step yet (a failure while recovering): the same burst.
+    assert not policy.starts_burst(30.0, None)
+    # Long past the previous failure: a new burst whatever was trained.
+    assert policy.starts_burst(601.0, None)
+    assert not policy.starts_burst(0.0, None)
+
+
 def test_zero_budget_gives_up_on_first_failure():
     assert isinstance(FailurePolicy(max_failures=0).decide(1, "x"), FailureDecision.GIVE_UP)
     assert isinstance(FailurePolicy(max_failures=1).decide(1, "x"), FailureDecision.RETRY)
