@@ -127,16 +127,34 @@ def build_template(
     Activation recompute is turned on only where memory forces it, from the first stage on:
     under 1F1B stage ``s`` of ``p`` holds ``p - s`` microbatches in flight, so the early stages
     need it first. The first of "none, stage 0, stages 0-1, ..., all" whose split fits is taken
-    (recompute costs each block's forward again, so no more of it than needed).
+    (recompute costs each block's forward again, so no more of it than needed), found by
+    bisection over the count.
     """
-    if not tables.training.activation_recompute:
-        return _build_template(tables, infos, stage_types, microbatch_size, ())
-    for count in range(len(stage_types) + 1):
-        recompute = tuple(s < count for s in range(len(stage_types)))
-        found = _build_template(tables, infos, stage_types, microbatch_size, recompute)
-        if found is not None:
-            return found
-    return None
+    found = _build_template(tables, infos, stage_types, microbatch_size, ())
+    if found is not None or not tables.training.activation_recompute:
+        return found
+    p = len(stage_types)
+
+    def with_first(count: int) -> Template | None:
+        recompute = tuple(s < count for s in range(p))
+        return _build_template(tables, infos, stage_types, microbatch_size, recompute)
+
+    # Bisection over the count: recomputing one more stage lowers that stage's memory (it holds
+    # p - s >= 2 microbatches of activations, where recompute keeps their inputs and one
+    # block's transient), so whether a split fits only improves with the count, up to p - 1.
+    # The last stage holds one microbatch, where recompute does not save: tried on its own.
+    lo, hi = 0, p - 1  # no split at 0 recomputing stages; find the least count that has one
+    best = with_first(hi) if hi > 0 else None
+    if best is None:
+        return with_first(p)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        found = with_first(mid)
+        if found is None:
+            lo = mid
+        else:
+            hi, best = mid, found
+    return best
 
 
 def _build_template(
