@@ -61,10 +61,11 @@ def sharded_state_bytes(
 ) -> float:
     """State bytes of ``layer`` on one device of a shard group of ``k`` at ``level``
     (without the gathered working weights of ``full``; see :func:`gathered_bytes`)."""
-    return _sharded_from_parts(*state_parts_bytes(model, training, layer, tp), level, k)
+    return shard_of(*state_parts_bytes(model, training, layer, tp), level, k)
 
 
-def _sharded_from_parts(weights: float, grads: float, opt: float, level: Sharding, k: int) -> float:
+def shard_of(weights: float, grads: float, opt: float, level: Sharding, k: int) -> float:
+    """:func:`sharded_state_bytes` from a layer's (weights, gradients, optimizer) bytes."""
     if k <= 1 or level is Sharding.NONE:
         return weights + grads + opt
     if level is Sharding.OPTIMIZER:
@@ -173,9 +174,7 @@ def apply(
         for r, s, st in sharded:
             i = index[(r, s)]
             weights, grads, opt = parts_of(layer, st.tp)
-            saved_bytes[i] += (
-                weights + grads + opt - _sharded_from_parts(weights, grads, opt, level, k)
-            )
+            saved_bytes[i] += weights + grads + opt - shard_of(weights, grads, opt, level, k)
             key = (layer, st.tp, timed, k, k == len(holders), bw)
             found = syncs.get(key)
             if found is None:
