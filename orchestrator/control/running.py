@@ -42,8 +42,9 @@ from orchestrator.spec.snapshot import ClusterSnapshot, SnapshotDiff
 
 
 def stage_ranks(plan: Plan) -> dict[tuple[int, int], int]:
-    """(replica, stage) -> rank: replica-major, stage-minor (the worker topology's order)."""
-    return {(r, s): rank for rank, (r, s, _) in enumerate(plan.ranked_stages())}
+    """(replica, stage) -> its first rank: replica-major, stage-minor (the worker topology's
+    order, a tensor-parallel stage's ranks consecutive)."""
+    return plan.first_ranks()
 
 
 # -- RUNNING -----------------------------------------------------------------------------------
@@ -389,9 +390,9 @@ def _on_stragglers(
 def _stage_nodes(ctx: RunContext, plan: Plan) -> dict[tuple[int, int], str | None]:
     """(replica, stage) -> the node it runs on (its pin, else where its rank was placed)."""
     placement = ctx.workers.placement()
+    first = plan.first_ranks()
     return {
-        (r, s): stage.node or placement.get(rank)
-        for rank, (r, s, stage) in enumerate(plan.ranked_stages())
+        (r, s): stage.node or placement.get(first[(r, s)]) for r, s, stage in plan.ranked_stages()
     }
 
 
