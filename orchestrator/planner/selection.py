@@ -134,6 +134,12 @@ class SelectionSearch:
         scored.sort(key=lambda s: s.key)
         return [None, *(s.groups[0] for s in scored[: self.config.keep_per_type])]
 
+    def _best_tp(self, device_type: str) -> int:
+        """The tp degree of ``device_type``'s best single-type pipeline alone (1 if none)."""
+        found = self._options(device_type)
+        best = found[1] if len(found) > 1 else None
+        return 1 if best is None else best.template.stage_types[0][1]
+
     def _combine(self, options: dict[str, list[Group | None]]) -> Selection | None:
         types = sorted(options)
         sizes = [len(options[d]) for d in types]
@@ -183,11 +189,22 @@ class SelectionSearch:
         small = total_devices <= cfg.mixed_device_limit
         if not cfg.mixed or len(self.infos) < 2 or not (stranded or small):
             return sel
+        # Each type's stages run at tp 1 or at the tp of its best pipeline alone (tensor
+        # parallelism within a node, as the runtime executes it, for any type of the pair).
+        tps = {d: sorted({1, self._best_tp(d)}) for d in self.infos}
         candidates = [
             t
             for first, second in itertools.permutations(sorted(self.infos), 2)
+            for tp1 in tps[first]
+            for tp2 in tps[second]
             for t in mixed_templates(
-                self.tables, self.infos, first, second, self.mbs, cfg.max_mixed_depth_each
+                self.tables,
+                self.infos,
+                first,
+                second,
+                self.mbs,
+                cfg.max_mixed_depth_each,
+                (tp1, tp2),
             )
         ]
         free = {d: i.num_devices for d, i in self.infos.items()}

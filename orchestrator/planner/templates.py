@@ -318,23 +318,28 @@ def mixed_templates(
     second: str,
     microbatch_size: int,
     max_depth_each: int,
+    tps: tuple[int, int] = (1, 1),
 ) -> list[Template]:
-    """Two-type pipelines: ``p1`` stages of ``first`` (tp 1) then ``p2`` of ``second`` (tp 1).
+    """Two-type pipelines: ``p1`` stages of ``first`` then ``p2`` of ``second``, at the tp
+    degrees ``tps`` (each within a node of its type).
 
     Order matters for memory: under 1F1B the early stages hold the most activations, so trying
     both orders lets memory-rich types take the front where that helps.
     """
     limit = tables.training.max_pipeline_stages or tables.model.num_planner_layers
+    tp1, tp2 = tps
+    if tp1 not in infos[first].tp_options or tp2 not in infos[second].tp_options:
+        return []
     out = []
     for p1 in PIPELINE_DEPTHS:
-        if p1 > min(max_depth_each, infos[first].num_devices):
+        if p1 > max_depth_each or p1 * tp1 > infos[first].num_devices:
             break
         for p2 in PIPELINE_DEPTHS:
-            if p2 > min(max_depth_each, infos[second].num_devices) or p1 + p2 > limit:
+            if p2 > max_depth_each or p2 * tp2 > infos[second].num_devices or p1 + p2 > limit:
                 break
             if p1 + p2 > tables.model.num_planner_layers:
                 break
-            shape = ((first, 1),) * p1 + ((second, 1),) * p2
+            shape = ((first, tp1),) * p1 + ((second, tp2),) * p2
             t = build_template(tables, infos, shape, microbatch_size)
             if t is not None:
                 out.append(t)
