@@ -28,7 +28,7 @@ from orchestrator.planner.layout_note import is_sharded, sharding_line, tp_line
 from orchestrator.planner.placement import place
 from orchestrator.planner.selection import SearchConfig, Selection, SelectionSearch
 from orchestrator.planner.sharded import sharded_data_parallel
-from orchestrator.planner.sharded_pipelines import sharded_pipelines
+from orchestrator.planner.sharded_pipelines import MIN_GAIN, sharded_pipelines
 from orchestrator.planner.templates import Template, TypeInfo, type_infos
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.devices import Dtype
@@ -299,7 +299,10 @@ def make_plan(
             pays=not config.sharded_only_if_needed,
         )
     )
-    if piped is not None:
+    # Chosen only for a step MIN_GAIN shorter than unsharded (else only shown in the choices).
+    if piped is not None and (
+        unsharded is None or piped[1].step_time_s < unsharded[1].step_time_s * (1 - MIN_GAIN)
+    ):
         candidates.append(piped)
     if not any(c[1].fits for c in candidates):
         raise InfeasibleError(

@@ -5,9 +5,10 @@ are a shard group for that stage's layers (``worker/topology.shard_groups``). Tw
 
 - *Where it pays*: from a fitting plan, the stage that sets the step's tail (the slowest
   all-reduce plus optimizer update) is sharded across its replicas at one level, costed by the
-  full model, and kept only if the step is shorter; repeated on the new tail until nothing
-  improves. Sharding divides a stage's optimizer step by its group's size and, in our cost
-  model, moves no more than the all-reduce it replaces when every holder shards.
+  full model, and kept only if the step ends at least 0.5% sooner than unsharded; repeated on
+  the new tail until nothing improves. Sharding divides a stage's optimizer step by its
+  group's size and, in our cost model, moves no more than the all-reduce it replaces when every
+  holder shards.
 - *Where it is needed to fit*: single-type pipelines whose state fits a device only as one of
   ``k`` sharding holders (``templates.homogeneous_templates(sharded=...)``) join the selection,
   which keeps ``k`` replicas of such a shape or none.
@@ -27,6 +28,10 @@ from orchestrator.spec.plan import Plan, ReplicaSpec, Sharding
 
 # Greedy rounds of "shard the tail's stage": each round one full estimate per level.
 MAX_ROUNDS = 8
+# Sharding is kept only for a step at least this much shorter than the unsharded plan's: a
+# sharded layer's whole state lives only across its group, which a rounding-size gain does not
+# buy.
+MIN_GAIN = 0.005
 
 Shape = tuple[tuple[tuple[int, int], str, int], ...]
 
@@ -80,7 +85,9 @@ def shard_where_it_pays(
         if not trial_est.fits or trial_est.step_time_s > est.step_time_s * (1 + 1e-12):
             break
         current = last
-        if trial_est.step_time_s < best[1].step_time_s * (1 - 1e-9):
+        if trial_est.step_time_s < min(
+            best[1].step_time_s * (1 - 1e-9), estimate.step_time_s * (1 - MIN_GAIN)
+        ):
             best = last
     return best, last
 
