@@ -24,10 +24,11 @@ from orchestrator.spec.plan import Plan
 def nodes_with_work(ctx: RunContext, plan: Plan) -> set[str]:
     """Nodes that run a stage of ``plan`` (its pin, else where its rank was placed)."""
     placement = ctx.workers.placement()
+    first = plan.first_ranks()
     return {
         node
-        for rank, (_, _, stage) in enumerate(plan.ranked_stages())
-        if (node := stage.node or placement.get(rank)) is not None
+        for r, s, stage in plan.ranked_stages()
+        if (node := stage.node or placement.get(first[(r, s)])) is not None
     }
 
 

@@ -382,9 +382,9 @@ def _on_stragglers(
 def _stage_nodes(ctx: RunContext, plan: Plan) -> dict[tuple[int, int], str | None]:
     """(replica, stage) -> the node it runs on (its pin, else where its rank was placed)."""
     placement = ctx.workers.placement()
+    first = plan.first_ranks()
     return {
-        (r, s): stage.node or placement.get(rank)
-        for rank, (r, s, stage) in enumerate(plan.ranked_stages())
+        (r, s): stage.node or placement.get(first[(r, s)]) for r, s, stage in plan.ranked_stages()
     }
 
 

@@ -61,7 +61,11 @@ def sharded_state_bytes(
 ) -> float:
     """State bytes of ``layer`` on one device of a shard group of ``k`` at ``level``
     (without the gathered working weights of ``full``; see :func:`gathered_bytes`)."""
-    weights, grads, opt = state_parts_bytes(model, training, layer, tp)
+    return shard_of(*state_parts_bytes(model, training, layer, tp), level, k)
+
+
+def shard_of(weights: float, grads: float, opt: float, level: Sharding, k: int) -> float:
+    """:func:`sharded_state_bytes` from a layer's (weights, gradients, optimizer) bytes."""
     if k <= 1 or level is Sharding.NONE:
         return weights + grads + opt
     if level is Sharding.OPTIMIZER:
@@ -129,7 +133,21 @@ def apply(
     during the step.
     """
     out = list(devices)
+    if not any(st.sharding is not Sharding.NONE for rep in plan.replicas for st in rep.stages):
+        return out  # the common case: nothing to adjust, no per-layer scan
     index = {(d.replica, d.stage): i for i, d in enumerate(out)}
+    # Per (layer, tp) and per sync case: identical holders (whole replicas of one shape) would
+    # otherwise recompute the same bytes and seconds once each.
+    parts: dict[tuple[int, int], tuple[float, float, float]] = {}
+    syncs: dict[tuple[object, ...], tuple[float, float]] = {}
+    bandwidths: dict[tuple[tuple[int, int], ...], float] = {}
+
+    def parts_of(layer: int, tp: int) -> tuple[float, float, float]:
+        found = parts.get((layer, tp))
+        if found is None:
+            found = parts[(layer, tp)] = state_parts_bytes(model, training, layer, tp)
+        return found
+
     saved_bytes = [0.0] * len(out)
     extra_s = [0.0] * len(out)
     hideable_s = [0.0] * len(out)
@@ -146,18 +164,24 @@ def apply(
         if k < 2:
             continue
         level = sharded[0][2].sharding
-        bw = holder_bandwidth([st for _, _, st in sharded])
+        # Layers held by the same stages share a bandwidth (the stages live through the call).
+        holder_key = tuple((r, s) for r, s, _ in sharded)
+        bw = bandwidths.get(holder_key)
+        if bw is None:
+            bw = bandwidths[holder_key] = holder_bandwidth([st for _, _, st in sharded])
+        # one gather a step (after the update, before the next forward): ZeRO-2's traffic
+        timed = Sharding.GRADIENTS if level is Sharding.FULL and gathered_layers is None else level
         for r, s, st in sharded:
             i = index[(r, s)]
-            whole = sum(state_parts_bytes(model, training, layer, st.tp))
-            saved_bytes[i] += whole - sharded_state_bytes(model, training, layer, st.tp, level, k)
-            # one gather a step (after the update, before the next forward): ZeRO-2's traffic
-            timed = (
-                Sharding.GRADIENTS if level is Sharding.FULL and gathered_layers is None else level
-            )
-            fixed, hideable = sync_extra_s(
-                model, training, layer, st.tp, timed, k, k == len(holders), bw
-            )
+            weights, grads, opt = parts_of(layer, st.tp)
+            saved_bytes[i] += weights + grads + opt - shard_of(weights, grads, opt, level, k)
+            key = (layer, st.tp, timed, k, k == len(holders), bw)
+            found = syncs.get(key)
+            if found is None:
+                found = syncs[key] = sync_extra_s(
+                    model, training, layer, st.tp, timed, k, k == len(holders), bw
+                )
+            fixed, hideable = found
             extra_s[i] += fixed
             hideable_s[i] += hideable
             update_kept[i] -= (1 - 1 / k) / (st.layers[1] - st.layers[0])

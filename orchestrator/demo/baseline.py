@@ -82,10 +82,10 @@ def demo_job_spec(scenario: DemoScenario) -> JobSpec:
 
 
 def first_plan(scenario: DemoScenario, profiles: ProfileSet | None) -> FirstPlan:
-    """Plan the demo's starting cluster as the controller does (workers run tensor-parallel
-    degree 1) and cost uniform data parallel beside it."""
+    """Plan the demo's starting cluster as the controller does and cost uniform data parallel
+    beside it."""
     job = demo_job_spec(scenario)
-    training = job.training.planner_spec().model_copy(update={"max_tensor_parallel": 1})
+    training = job.training.planner_spec()
     result = make_plan(start_cluster(scenario), job.model.shape, training, profiles)
     uniform = result.baselines["uniform_data_parallel"]
     return FirstPlan(

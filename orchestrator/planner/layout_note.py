@@ -17,29 +17,50 @@ def sharding_line(
     unsharded: tuple[Plan, Estimate] | None,
     sharded: tuple[Plan, Estimate] | None,
     not_tried: str = "",
+    piped: tuple[Plan, Estimate] | None = None,
 ) -> str:
-    """One line: the sharding level chosen and the costed alternative it beat."""
+    """One line: the sharding chosen (whole replicas sharded over every device, or pipeline
+    stages sharded across their replicas) and the costed alternative it beat."""
     levels = sorted({s.sharding.value for r in chosen.replicas for s in r.stages} - {"none"})
-    if levels and sharded is not None:
+    against = (
+        f"{_s(unsharded[1].step_time_s)} for the best unsharded plan"
+        if unsharded is not None
+        else "no unsharded plan fits"
+    )
+    if levels and sharded is not None and chosen == sharded[0]:
         n = chosen.num_devices
-        against = (
-            f"{_s(unsharded[1].step_time_s)} for the best unsharded plan"
-            if unsharded is not None
-            else "no unsharded plan fits"
-        )
         return (
             f"sharding: {', '.join(levels)} over {n} devices, {_s(sharded[1].step_time_s)} a step "
             f"against {against}"
         )
+    if levels and piped is not None:
+        stages = [s for r in chosen.replicas for s in r.stages]
+        on = [s for s in stages if s.sharding is not Sharding.NONE]
+        return (
+            f"sharding: {', '.join(levels)} on {len(on)} of {len(stages)} pipeline stages "
+            f"(each across its pipeline's replicas), {_s(piped[1].step_time_s)} a step "
+            f"against {against}"
+        )
     if not_tried:
         return f"sharding: none (sharded data parallel not tried: {not_tried})"
-    if sharded is None:
+    if sharded is None and piped is None:
         return "sharding: none (no sharded data-parallel plan over every device fits)"
-    level = sharded[0].replicas[0].stages[0].sharding
-    return (
-        f"sharding: none (sharded data parallel at {level.value} over every device would take "
-        f"{_s(sharded[1].step_time_s)} a step, not faster)"
+    parts = []
+    if sharded is not None:
+        level = sharded[0].replicas[0].stages[0].sharding
+        parts.append(
+            f"sharded data parallel at {level.value} over every device would take "
+            f"{_s(sharded[1].step_time_s)} a step"
+        )
+    if piped is not None:
+        parts.append(f"sharded pipeline stages would take {_s(piped[1].step_time_s)} a step")
+    # A sharded pipeline a hair faster is not taken (planner/sharded_pipelines.MIN_GAIN).
+    slightly = (
+        piped is not None
+        and unsharded is not None
+        and piped[1].step_time_s < unsharded[1].step_time_s
     )
+    return f"sharding: none ({'; '.join(parts)}, not faster{' by 0.5%' if slightly else ''})"
 
 
 def tp_line(chosen: Plan) -> str:

@@ -10,7 +10,7 @@ import math
 
 from orchestrator.planner.batching import Group, assign_microbatches
 from orchestrator.spec.cluster import Cluster
-from orchestrator.spec.plan import Plan, ReplicaSpec, StageSpec
+from orchestrator.spec.plan import Plan, ReplicaSpec, Sharding, StageSpec
 
 
 class _NodePool:
@@ -53,6 +53,7 @@ def _place_replica(pool: _NodePool, group: Group) -> list[StageSpec] | None:
                 tp=tp,
                 node=node,
                 recompute=recompute,
+                sharding=t.sharding[i] if t.sharding else Sharding.NONE,
             )
         )
         previous = node

@@ -11,7 +11,7 @@ no hashing of strings decides anything.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from orchestrator.costmodel import (
@@ -24,15 +24,16 @@ from orchestrator.costmodel import (
 from orchestrator.costmodel.precision import costed_inputs
 from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.errors import InfeasibleError
-from orchestrator.planner.layout_note import sharding_line, tp_line
+from orchestrator.planner.layout_note import is_sharded, sharding_line, tp_line
 from orchestrator.planner.placement import place
 from orchestrator.planner.selection import SearchConfig, Selection, SelectionSearch
 from orchestrator.planner.sharded import sharded_data_parallel
-from orchestrator.planner.templates import TypeInfo, type_infos
+from orchestrator.planner.sharded_pipelines import MIN_GAIN, sharded_pipelines
+from orchestrator.planner.templates import Template, TypeInfo, type_infos
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.devices import Dtype
 from orchestrator.spec.model import AUTO_PRECISION, ModelSpec, TrainingSpec
-from orchestrator.spec.plan import Plan, ReplicaSpec, StageSpec
+from orchestrator.spec.plan import Plan, ReplicaSpec, Sharding, StageSpec
 from orchestrator.spec.profiles import ProfileSet
 
 if TYPE_CHECKING:
@@ -84,13 +85,37 @@ def _best_selection(
     training: TrainingSpec,
     config: SearchConfig,
     device_types: list[str] | None = None,
+    sharded: Sharding | None = None,
+    stranded: set[str] | None = None,
+    built: dict[int, dict[str, list[Template]]] | None = None,
 ) -> Selection | None:
     """Single-type templates at every microbatch size; two-type replicas on top of the few
-    microbatch sizes that did best (or of all, when single-type replicas found nothing)."""
+    microbatch sizes that did best (or of all, when single-type replicas found nothing).
+
+    ``sharded``: also offer pipelines that fit only sharded at that level, on the ``stranded``
+    types when some are given (else every type), reusing the other types' templates from
+    ``built``. Without ``sharded``, ``stranded`` receives the device types on which no
+    single-type pipeline fits at any size, and ``built`` the templates built."""
+    offer = frozenset(stranded) if sharded is not None and stranded else None
     searches = {
-        mbs: SelectionSearch(tables, infos, training.global_batch_size, mbs, config)
+        mbs: SelectionSearch(
+            tables,
+            infos,
+            training.global_batch_size,
+            mbs,
+            config,
+            sharded,
+            None if sharded is None or built is None else built.get(mbs),
+            offer,
+        )
         for mbs in _microbatch_sizes(training)
     }
+    if sharded is None and stranded is not None:
+        stranded.update(
+            d for d in infos if not any(search.homogeneous[d] for search in searches.values())
+        )
+    if sharded is None and built is not None:
+        built.update({mbs: search.homogeneous for mbs, search in searches.items()})
     found = {mbs: search.run(device_types, mixed=False) for mbs, search in searches.items()}
 
     def rank(mbs: int) -> tuple[object, ...]:
@@ -108,6 +133,12 @@ def _best_selection(
         if sel is not None and (best is None or sel.key < best.key):
             best = sel
     return best
+
+
+def _may_shard(training: TrainingSpec, config: SearchConfig) -> bool:
+    """Whether the search tries sharded candidates at all (never under fp16: the engine does
+    not run loss scaling on sharded stages)."""
+    return config.sharded and training.runtime_precision is not Dtype.FP16
 
 
 def _costed(plan: Plan, cluster: Cluster, tables: CostTables) -> tuple[Plan, Estimate]:
@@ -186,15 +217,23 @@ def make_plan(
         {d: list(i.tp_options) for d, i in infos.items()},
         training.global_batch_size,
     )
-    chosen = _best_selection(tables, infos, training, config)
-    if chosen is None:
+    stranded: set[str] = set()
+    built: dict[int, dict[str, list[Template]]] = {}
+    chosen = _best_selection(tables, infos, training, config, stranded=stranded, built=built)
+    if chosen is None and not _may_shard(training, config):
         raise InfeasibleError(
             f"no plan for {model.name} fits this cluster: {_shortfall_message(tables, infos)}",
             fix="add devices with more memory, shorten sequence_length, or lower microbatch_sizes",
         )
-    candidates = [
-        _costed(place(list(chosen.groups), cluster, training.global_batch_size), cluster, tables)
-    ]
+    candidates = (
+        []
+        if chosen is None
+        else [
+            _costed(
+                place(list(chosen.groups), cluster, training.global_batch_size), cluster, tables
+            )
+        ]
+    )
 
     fastest = max(sorted(bound.samples_per_s_by_type), key=lambda d: bound.samples_per_s_by_type[d])
     only = _best_selection(tables, infos, training, config, [fastest])
@@ -237,10 +276,46 @@ def make_plan(
     if sharded is not None:
         candidates.append(sharded)
 
-    plan, estimate = min(
-        (c for c in candidates if c[1].fits), key=lambda c: (c[1].step_time_s, c[0].to_json())
+    def place_sharded(level: Sharding) -> Plan | None:
+        # Sharded pipelines on the types that fit nothing unsharded (every type when nothing
+        # fits at all); two-type replicas were tried unsharded already where a plan fits.
+        again = config if unsharded is None else replace(config, mixed=False)
+        sel = _best_selection(
+            tables, infos, training, again, sharded=level, stranded=stranded, built=built
+        )
+        return None if sel is None else place(list(sel.groups), cluster, training.global_batch_size)
+
+    # Sharded pipeline stages: where the cost model says they pay, and where a device type (or
+    # the whole model) fits only sharded.
+    piped = (
+        None
+        if not_tried
+        else sharded_pipelines(
+            cluster,
+            tables,
+            unsharded,
+            needed=unsharded is None or bool(stranded),
+            place_sharded=place_sharded,
+            pays=not config.sharded_only_if_needed,
+        )
     )
-    choices = (sharding_line(plan, unsharded, sharded, not_tried), tp_line(plan))
+    # Chosen only for a step MIN_GAIN shorter than unsharded (else only shown in the choices).
+    if piped is not None and (
+        unsharded is None or piped[1].step_time_s < unsharded[1].step_time_s * (1 - MIN_GAIN)
+    ):
+        candidates.append(piped)
+    if not any(c[1].fits for c in candidates):
+        raise InfeasibleError(
+            f"no plan for {model.name} fits this cluster: {_shortfall_message(tables, infos)}",
+            fix="add devices with more memory, shorten sequence_length, or lower microbatch_sizes",
+        )
+
+    # Ties go to the unsharded plan (it keeps every layer whole on one rank).
+    plan, estimate = min(
+        (c for c in candidates if c[1].fits),
+        key=lambda c: (c[1].step_time_s, is_sharded(c[0]), c[0].to_json()),
+    )
+    choices = (sharding_line(plan, unsharded, sharded, not_tried, piped), tp_line(plan))
     if estimate.step_time_s < bound.step_time_s * (1 - 1e-9):
         raise AssertionError(
             f"cost model bug: estimate {estimate.step_time_s:.6g} s is below the fluid bound "

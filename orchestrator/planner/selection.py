@@ -21,6 +21,7 @@ from orchestrator.planner.templates import (
     homogeneous_templates,
     mixed_templates,
 )
+from orchestrator.spec.plan import Sharding
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class Selection:
 
 def _score(groups: list[Group], batch: int, infos: dict[str, TypeInfo]) -> Selection | None:
     live = sorted((g for g in groups if g.count > 0), key=lambda g: g.template.key)
+    if any(g.count < g.template.shard_k for g in live):
+        return None  # a sharded template's memory holds only with its shard group whole
     step = selection_step_s(live, batch, infos)
     return None if step is None else Selection(tuple(live), step)
 
@@ -96,13 +99,26 @@ class SelectionSearch:
         global_batch_size: int,
         microbatch_size: int,
         config: SearchConfig,
+        sharded: Sharding | None = None,
+        built: dict[str, list[Template]] | None = None,
+        sharded_types: frozenset[str] | None = None,
     ) -> None:
+        """``sharded``: also offer single-type pipelines that fit only with their replicas
+        sharding their state at that level (templates.homogeneous_templates), on
+        ``sharded_types`` (default: every type); ``built``: the unsharded templates already
+        built per type at this microbatch size, reused for the other types."""
         self.tables, self.infos, self.config = tables, infos, config
         self.batch, self.mbs = global_batch_size, microbatch_size
         self.max_replicas = -(-global_batch_size // microbatch_size)
-        self.homogeneous = {
-            d: homogeneous_templates(tables, infos, d, microbatch_size) for d in sorted(infos)
-        }
+        self.homogeneous = {}
+        for d in sorted(infos):
+            offer = sharded is not None and (sharded_types is None or d in sharded_types)
+            if built is not None and d in built and not offer:
+                self.homogeneous[d] = built[d]
+                continue
+            self.homogeneous[d] = homogeneous_templates(
+                tables, infos, d, microbatch_size, sharded if offer else None, self.max_replicas
+            )
 
     def _alone(self, template: Template) -> Group:
         info = self.infos[template.stage_types[0][0]]
@@ -117,6 +133,12 @@ class SelectionSearch:
                 scored.append(sel)
         scored.sort(key=lambda s: s.key)
         return [None, *(s.groups[0] for s in scored[: self.config.keep_per_type])]
+
+    def _best_tp(self, device_type: str) -> int:
+        """The tp degree of ``device_type``'s best single-type pipeline alone (1 if none)."""
+        found = self._options(device_type)
+        best = found[1] if len(found) > 1 else None
+        return 1 if best is None else best.template.stage_types[0][1]
 
     def _combine(self, options: dict[str, list[Group | None]]) -> Selection | None:
         types = sorted(options)
@@ -167,11 +189,22 @@ class SelectionSearch:
         small = total_devices <= cfg.mixed_device_limit
         if not cfg.mixed or len(self.infos) < 2 or not (stranded or small):
             return sel
+        # Each type's stages run at tp 1 or at the tp of its best pipeline alone (tensor
+        # parallelism within a node, as the runtime executes it, for any type of the pair).
+        tps = {d: sorted({1, self._best_tp(d)}) for d in self.infos}
         candidates = [
             t
             for first, second in itertools.permutations(sorted(self.infos), 2)
+            for tp1 in tps[first]
+            for tp2 in tps[second]
             for t in mixed_templates(
-                self.tables, self.infos, first, second, self.mbs, cfg.max_mixed_depth_each
+                self.tables,
+                self.infos,
+                first,
+                second,
+                self.mbs,
+                cfg.max_mixed_depth_each,
+                (tp1, tp2),
             )
         ]
         free = {d: i.num_devices for d, i in self.infos.items()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 
-from orchestrator.costmodel import Estimate, estimate_with_tables
+from orchestrator.costmodel import Estimate, estimate_with_tables, sharding
 from orchestrator.costmodel.tables import CostTables
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.plan import Plan, ReplicaSpec, Sharding, StageSpec
@@ -35,6 +35,36 @@ def _shares(seconds_per_sample: list[float], batch: int) -> list[int]:
     return counts
 
 
+def state_floor_bytes(
+    tables: CostTables,
+    device_type: str,
+    microbatch_size: int,
+    start: int,
+    end: int,
+    level: Sharding,
+    k: int,
+) -> float:
+    """What a holder of layers ``[start, end)`` sharding at ``level`` over ``k`` holders keeps
+    at least (state and the runtime's footprint, activations left out), as the cost model
+    counts it: a lower bound on its estimated memory, so a candidate above the device's memory
+    is refused without costing it."""
+    model, training = tables.model, tables.training
+    table = tables.table(device_type, microbatch_size, 1)
+    saved = 0.0
+    weights_total = 0.0
+    for layer in range(start, end):
+        weights, grads, opt = sharding.state_parts_bytes(model, training, layer, 1)
+        saved += weights + grads + opt
+        saved -= sharding.sharded_state_bytes(model, training, layer, 1, level, k)
+        weights_total += weights
+    held = table.state_bytes(start, end) - saved + tables.framework_overhead_bytes(device_type)
+    if level is Sharding.FULL:
+        held += sharding.gathered_bytes(
+            model, training, range(start, end), 1, tables.runtime.gathered_layers
+        )
+    return held
+
+
 def sharded_data_parallel(
     cluster: Cluster, tables: CostTables, global_batch_size: int, microbatch_sizes: list[int]
 ) -> tuple[Plan, Estimate] | None:
@@ -44,10 +74,22 @@ def sharded_data_parallel(
         return None
     layers = tables.model.num_planner_layers
     best: tuple[Plan, Estimate] | None = None
+    capacity = {t: float(tables.device_types[t].memory_bytes) for t in {t for _, t in devices}}
     for mbs in microbatch_sizes:
+        # Levels at which some device cannot even hold its share of the state are not costed.
+        levels = [
+            level
+            for level in LEVELS
+            if all(
+                state_floor_bytes(tables, t, mbs, 0, layers, level, len(devices)) <= capacity[t]
+                for t in capacity
+            )
+        ]
+        if not levels:
+            continue
         per_sample = [tables.table(t, mbs, 1).compute_s(0, layers) / mbs for _, t in devices]
         shares = _shares(per_sample, global_batch_size)
-        for level in LEVELS:
+        for level in levels:
             plan = Plan(
                 global_batch_size=global_batch_size,
                 microbatch_size=mbs,

@@ -8,14 +8,16 @@ costs no more than choosing among a handful of templates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import accumulate
 
-from orchestrator.costmodel import comm
+from orchestrator.costmodel import comm, sharding
 from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
-from orchestrator.costmodel.tables import CostTables
+from orchestrator.costmodel.tables import CostTables, LayerTable
 from orchestrator.planner.partition import Split, StageCosts, split_layers
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.plan import Sharding
 
 # Pipeline depths tried; uneven splits make any depth usable, this list keeps the search small
 # while covering the powers of two and the depths between them.
@@ -82,11 +84,22 @@ class Template:
     grad_bytes: tuple[float, ...]  # gradient bytes each stage's devices all-reduce
     # Per stage: activation recompute on its blocks (on only where memory forces it).
     recompute: tuple[bool, ...] = ()
+    # Per stage: the state sharded across the template's replicas (empty: none anywhere), and
+    # the fewest replicas the split's memory assumes (1: unsharded).
+    sharding: tuple[Sharding, ...] = ()
+    shard_k: int = 1
 
     @property
     def key(self) -> tuple[object, ...]:
         """Total order used to break ties deterministically."""
-        return (self.microbatch_size, self.stage_types, self.split.boundaries, self.recompute)
+        return (
+            self.microbatch_size,
+            self.stage_types,
+            self.split.boundaries,
+            self.recompute,
+            tuple(v.value for v in self.sharding),
+            self.shard_k,
+        )
 
     @property
     def num_devices(self) -> int:
@@ -116,27 +129,82 @@ def _p2p_bandwidth(a: TypeInfo, b: TypeInfo, one_type_devices: int | None) -> fl
     return min(a.network_share_bytes_per_s, b.network_share_bytes_per_s)
 
 
+def sharded_state_table(
+    tables: CostTables, table: LayerTable, level: Sharding, k: int
+) -> LayerTable:
+    """``table`` with each layer's state as one of ``k`` holders sharding it at ``level`` keeps
+    it (``costmodel/sharding.py``: what it saves, plus under ``full`` the whole weights our
+    runtime gathers for the step, or ``gathered_layers`` of them, charged by the caller)."""
+    model, training = tables.model, tables.training
+    whole_weights = level is Sharding.FULL and tables.runtime.gathered_layers is None
+    states = []
+    for layer in range(model.num_planner_layers):
+        weights, grads, opt = sharding.state_parts_bytes(model, training, layer, table.tp)
+        kept = sharding.shard_of(weights, grads, opt, level, k)
+        held = table.state_bytes(layer, layer + 1) - (weights + grads + opt) + kept
+        states.append(held + (weights if whole_weights else 0.0))
+    return replace(
+        table,
+        state_prefix_bytes=(0.0, *accumulate(states)),
+        _memory_prefix_cache={},
+        _largest_cache={},
+    )
+
+
+def _gathered_cap_bytes(tables: CostTables, level: Sharding) -> float:
+    """Whole weights a ``full`` stage holds beyond its slices where the runtime gathers layer by
+    layer: the model's largest ``gathered_layers`` layers (a bound for any stage)."""
+    layers = tables.runtime.gathered_layers
+    if level is not Sharding.FULL or layers is None:
+        return 0.0
+    return sharding.gathered_bytes(
+        tables.model, tables.training, range(tables.model.num_planner_layers), 1, layers
+    )
+
+
 def build_template(
     tables: CostTables,
     infos: dict[str, TypeInfo],
     stage_types: tuple[tuple[str, int], ...],
     microbatch_size: int,
+    shard: tuple[Sharding, int] | None = None,
 ) -> Template | None:
     """Solve the split for this shape; None if it cannot fit in memory even with recompute.
 
     Activation recompute is turned on only where memory forces it, from the first stage on:
     under 1F1B stage ``s`` of ``p`` holds ``p - s`` microbatches in flight, so the early stages
     need it first. The first of "none, stage 0, stages 0-1, ..., all" whose split fits is taken
-    (recompute costs each block's forward again, so no more of it than needed).
+    (recompute costs each block's forward again, so no more of it than needed), found by
+    bisection over the count.
     """
-    if not tables.training.activation_recompute:
-        return _build_template(tables, infos, stage_types, microbatch_size, ())
-    for count in range(len(stage_types) + 1):
-        recompute = tuple(s < count for s in range(len(stage_types)))
-        found = _build_template(tables, infos, stage_types, microbatch_size, recompute)
-        if found is not None:
-            return found
-    return None
+    state_tables: dict[tuple[str, bool], LayerTable] = {}  # sharded tables, per type
+    found = _build_template(tables, infos, stage_types, microbatch_size, (), shard, state_tables)
+    if found is not None or not tables.training.activation_recompute:
+        return found
+    p = len(stage_types)
+
+    def with_first(count: int) -> Template | None:
+        recompute = tuple(s < count for s in range(p))
+        return _build_template(
+            tables, infos, stage_types, microbatch_size, recompute, shard, state_tables
+        )
+
+    # Bisection over the count: recomputing one more stage lowers that stage's memory (it holds
+    # p - s >= 2 microbatches of activations, where recompute keeps their inputs and one
+    # block's transient), so whether a split fits only improves with the count, up to p - 1.
+    # The last stage holds one microbatch, where recompute does not save: tried on its own.
+    lo, hi = 0, p - 1  # no split at 0 recomputing stages; find the least count that has one
+    best = with_first(hi) if hi > 0 else None
+    if best is None:
+        return with_first(p)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        found = with_first(mid)
+        if found is None:
+            lo = mid
+        else:
+            hi, best = mid, found
+    return best
 
 
 def _build_template(
@@ -145,9 +213,12 @@ def _build_template(
     stage_types: tuple[tuple[str, int], ...],
     microbatch_size: int,
     recompute: tuple[bool, ...],
+    shard: tuple[Sharding, int] | None = None,
+    state_tables: dict[tuple[str, bool], LayerTable] | None = None,
 ) -> Template | None:
     """The split for this shape with recompute on the stages marked in ``recompute`` (empty or
-    all False: none); None if it cannot fit in memory."""
+    all False: none), every stage's state sharded at ``shard``'s level over its count of
+    replicas (None: unsharded); None if it cannot fit in memory."""
     model = tables.model
     p = len(stage_types)
     act_bytes = comm.boundary_activation_bytes(model, microbatch_size)
@@ -155,6 +226,9 @@ def _build_template(
     one_type = len({n for n, _ in stage_types}) == 1
     one_type_devices = sum(tp for _, tp in stage_types) if one_type else None
     recompute = recompute if any(recompute) else ()
+    if shard is not None and any(tp != 1 for _, tp in stage_types):
+        return None  # the engine shards tp-1 stages only (worker/topology.check_executable)
+    tables_by_key = {} if state_tables is None else state_tables
     for s, (name, tp) in enumerate(stage_types):
         comm_s = 0.0
         # Under tensor parallelism each rank sends its 1/tp slice of the boundary activation.
@@ -165,6 +239,14 @@ def _build_template(
             bw = _p2p_bandwidth(infos[stage_types[s - 1][0]], infos[name], one_type_devices)
             comm_s += comm.p2p_s(act_bytes / min(tp, stage_types[s - 1][1]), bw)
         table = tables.table(name, microbatch_size, tp, bool(recompute) and recompute[s])
+        cap = infos[name].memory_cap_bytes - table.transient_max_bytes()
+        if shard is not None:
+            state_table = tables_by_key.get((name, table.recompute))
+            if state_table is None:
+                state_table = sharded_state_table(tables, table, *shard)
+                tables_by_key[(name, table.recompute)] = state_table
+            table = state_table
+            cap -= _gathered_cap_bytes(tables, shard[0])
         stages.append(
             StageCosts(
                 table=table,
@@ -172,7 +254,7 @@ def _build_template(
                 in_flight=p - s,  # 1F1B peak, assuming at least p microbatches
                 # A recomputing stage also holds one block's full activations while it
                 # recomputes it: left out of the cap (all blocks alike: exact, else safe).
-                memory_cap_bytes=infos[name].memory_cap_bytes - table.transient_max_bytes(),
+                memory_cap_bytes=cap,
             )
         )
     split = split_layers(stages, model.num_planner_layers)
@@ -180,18 +262,38 @@ def _build_template(
         return None
     grad_per_param = tables.training.grad_bytes_per_param(model.dtype)
     b = split.boundaries
-    update_s = tuple(st.table.update_s(b[i], b[i + 1]) for i, st in enumerate(stages))
+    # A sharded holder updates its slice only.
+    kept = 1.0 if shard is None else 1.0 / shard[1]
+    update_s = tuple(st.table.update_s(b[i], b[i + 1]) * kept for i, st in enumerate(stages))
     grad_bytes = tuple(
         sum(model.layer_params(layer) for layer in range(b[i], b[i + 1])) * grad_per_param / tp
         for i, (_, tp) in enumerate(stage_types)
     )
-    return Template(microbatch_size, stage_types, split, update_s, grad_bytes, recompute)
+    if shard is None:
+        return Template(microbatch_size, stage_types, split, update_s, grad_bytes, recompute)
+    return Template(
+        microbatch_size,
+        stage_types,
+        split,
+        update_s,
+        grad_bytes,
+        recompute,
+        sharding=(shard[0],) * p,
+        shard_k=shard[1],
+    )
 
 
 def homogeneous_templates(
-    tables: CostTables, infos: dict[str, TypeInfo], device_type: str, microbatch_size: int
+    tables: CostTables,
+    infos: dict[str, TypeInfo],
+    device_type: str,
+    microbatch_size: int,
+    sharded: Sharding | None = None,
+    max_replicas: int | None = None,
 ) -> list[Template]:
-    """Every feasible single-type pipeline shape for ``device_type``."""
+    """Every feasible single-type pipeline shape for ``device_type``; with ``sharded``, also
+    the tp-1 shapes that fit only with their state sharded at that level over as many replicas
+    as the type's devices (and ``max_replicas``) allow."""
     info = infos[device_type]
     limit = tables.training.max_pipeline_stages or tables.model.num_planner_layers
     out = []
@@ -199,7 +301,11 @@ def homogeneous_templates(
         for p in PIPELINE_DEPTHS:
             if p > limit or p * tp > info.num_devices or p > tables.model.num_planner_layers:
                 break
-            t = build_template(tables, infos, ((device_type, tp),) * p, microbatch_size)
+            shape = ((device_type, tp),) * p
+            t = build_template(tables, infos, shape, microbatch_size)
+            k = min(info.num_devices // p, max_replicas or info.num_devices)
+            if t is None and sharded is not None and tp == 1 and k >= 2:
+                t = build_template(tables, infos, shape, microbatch_size, (sharded, k))
             if t is not None:
                 out.append(t)
     return out
@@ -212,23 +318,28 @@ def mixed_templates(
     second: str,
     microbatch_size: int,
     max_depth_each: int,
+    tps: tuple[int, int] = (1, 1),
 ) -> list[Template]:
-    """Two-type pipelines: ``p1`` stages of ``first`` (tp 1) then ``p2`` of ``second`` (tp 1).
+    """Two-type pipelines: ``p1`` stages of ``first`` then ``p2`` of ``second``, at the tp
+    degrees ``tps`` (each within a node of its type).
 
     Order matters for memory: under 1F1B the early stages hold the most activations, so trying
     both orders lets memory-rich types take the front where that helps.
     """
     limit = tables.training.max_pipeline_stages or tables.model.num_planner_layers
+    tp1, tp2 = tps
+    if tp1 not in infos[first].tp_options or tp2 not in infos[second].tp_options:
+        return []
     out = []
     for p1 in PIPELINE_DEPTHS:
-        if p1 > min(max_depth_each, infos[first].num_devices):
+        if p1 > max_depth_each or p1 * tp1 > infos[first].num_devices:
             break
         for p2 in PIPELINE_DEPTHS:
-            if p2 > min(max_depth_each, infos[second].num_devices) or p1 + p2 > limit:
+            if p2 > max_depth_each or p2 * tp2 > infos[second].num_devices or p1 + p2 > limit:
                 break
             if p1 + p2 > tables.model.num_planner_layers:
                 break
-            shape = ((first, 1),) * p1 + ((second, 1),) * p2
+            shape = ((first, tp1),) * p1 + ((second, tp2),) * p2
             t = build_template(tables, infos, shape, microbatch_size)
             if t is not None:
                 out.append(t)

@@ -152,13 +152,23 @@ class Plan(BaseModel):
         return counts
 
     def ranked_stages(self) -> tuple[tuple[int, int, StageSpec], ...]:
-        """``(replica, stage, spec)`` in rank order: replica-major, stage-minor, one rank per
-        stage (the workers run tensor-parallel degree 1)."""
+        """``(replica, stage, spec)`` in rank order: replica-major, stage-minor, one entry per
+        stage (a stage at tp ``n`` has ``n`` ranks: :meth:`first_ranks`)."""
         return tuple(
             (r, i, stage)
             for r, rep in enumerate(self.replicas)
             for i, stage in enumerate(rep.stages)
         )
+
+    def first_ranks(self) -> dict[tuple[int, int], int]:
+        """``(replica, stage) -> `` the rank of the stage's first tensor-parallel position (the
+        workers' numbering: replica-major, stage-minor, a stage's ``tp`` ranks consecutive)."""
+        out: dict[tuple[int, int], int] = {}
+        rank = 0
+        for r, i, stage in self.ranked_stages():
+            out[(r, i)] = rank
+            rank += stage.tp
+        return out
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, fixed separators, so equal plans are equal bytes.

@@ -128,6 +128,11 @@ class StepResult:
     # after the step's update (the shares add up like ``loss``); None otherwise.
     eval_loss: float | None = None
     eval_after_steps: int | None = None  # the evaluated weights hold this many steps' updates
+    # Bytes of the rank's layer parameters as they stand at the step's end, after its update and
+    # before the next gather (a ``full`` holder has released them: 0), and of the parameter
+    # slices it keeps for its shard groups.
+    end_param_bytes: int = 0
+    end_slice_bytes: int = 0
 
 
 def preflight(config: EngineConfig) -> LayeredModel:
@@ -441,6 +446,14 @@ class StageEngine:
             overflow_skipped=self.scaling is not None and self.scaling.overflowed,
             loss_scale=self._step_scale,
             memory=self.memory_use(),
+            end_param_bytes=sum(
+                p.numel() * p.element_size()
+                for layer in self.layers.values()
+                for p in layer.parameters()
+            ),
+            end_slice_bytes=0
+            if self.sharding is None
+            else sum(t.numel() * t.element_size() for g in self.sharding.groups for t in g.pieces),
         )
 
     def _batch(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -100,6 +100,28 @@ def test_sharded_plan_matches_single_process(name: str) -> None:
             assert moments[j]["exp_avg"].shape == params[name].shape
 
 
+@pytest.mark.slow  # two 3-rank runs: ~26 s on a busy 2-core machine
+def test_fully_sharded_holders_keep_only_their_slice_between_steps() -> None:
+    """After each step's update and until the next step's gather, a ``full`` holder keeps no
+    whole parameter, only its third of the flat parameters; ``gradients`` holders keep theirs."""
+    for name, released in (("3-sharded-full-4:3:1", True), ("3-sharded-gradients-4:3:1", False)):
+        plan = CASES[name]
+        run = run_local(engine_config(plan, optimizer="adam"), range(2))
+        whole_bytes = sum(
+            t.numel() * t.element_size()
+            for state in run.layer_states.values()
+            for t in state["params"].values()
+        )
+        for rank, results in run.results.items():
+            for r in results:
+                if released:
+                    assert r.end_param_bytes == 0, (name, rank, r.step, r.end_param_bytes)
+                else:
+                    assert r.end_param_bytes == whole_bytes, (name, rank, r.step)
+                # each holder's slice: a third of the flat parameters (within one element)
+                assert abs(r.end_slice_bytes - whole_bytes / 3) <= 4, (name, rank, r.step)
+
+
 @pytest.mark.parametrize("level", ["gradients", "full"])
 def test_sharded_over_3_to_unsharded_tp2_and_back(level: str) -> None:
     """Steps 0-1 sharded over 3, step 2 on one unsharded tp-2 stage (whole states merged from

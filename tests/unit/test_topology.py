@@ -133,6 +133,12 @@ def test_tensor_parallel_ranks_and_cross_degree_neighbours() -> None:
     assert s1a.next_ranks == (3,) and s1b.next_ranks == ()
     assert s2.prev_ranks == (1, 2) and s2.prev_rank == 1  # both tp ranks need the gradient
     assert (s1b.tp, s1b.tp_rank, s1b.stage_ranks) == (2, 1, (1, 2))
+    # the controller's (replica, stage) -> rank, used to find a stage's node, is the workers'
+    assert (
+        plan.first_ranks()
+        == {(sp.replica, sp.stage): sp.rank for sp in specs if sp.tp_rank == 0}
+        == {(0, 0): 0, (0, 1): 1, (0, 2): 3, (1, 0): 4}
+    )
     assert topology.tp_groups(plan) == [(1, 2), (4, 5)]
     # layer 1 is held by the tp group of each replica; one group sums across both
     assert topology.layer_holders(plan)[1] == (1, 2, 4, 5)

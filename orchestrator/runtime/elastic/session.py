@@ -358,8 +358,9 @@ def build_session(
 
 def _planner(spec: ElasticJob, job: JobSpec, job_file: Path) -> Planner:
     """The fixed plan's planner, or the search; either sees the job's profiles."""
-    # The workers run tensor-parallel degree 1 only, so the planner must not choose more.
-    training = job.training.planner_spec().model_copy(update={"max_tensor_parallel": 1})
+    # Tensor-parallel stages run on the elastic workers too (a re-plan or a restore across tp
+    # degrees joins and re-cuts the slices: tests/ray/test_sharded_tp.py), so tp is the job's.
+    training = job.training.planner_spec()
     profiles = _profiles(job, job_file)
     plan = spec.plan
     if plan is None:

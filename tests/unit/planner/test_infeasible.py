@@ -9,6 +9,7 @@ import pytest
 from orchestrator.errors import InfeasibleError
 from orchestrator.planner import make_plan
 from orchestrator.planner.infeasible import GiB, MiB, size_text
+from orchestrator.planner.selection import SearchConfig
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
 from .toy import cluster
@@ -27,10 +28,16 @@ WIDE = ModelSpec(
 )
 
 
-def _message(model: ModelSpec, training: TrainingSpec, devices: int, gib: float) -> str:
+def _message(
+    model: ModelSpec,
+    training: TrainingSpec,
+    devices: int,
+    gib: float,
+    config: SearchConfig | None = None,
+) -> str:
     c = cluster(("dev", 1, devices), memory_gib={"dev": gib}).resolve()
     with pytest.raises(InfeasibleError) as err:
-        make_plan(c, model, training)
+        make_plan(c, model, training, config=config)
     text = str(err.value)
     assert "missing 0.0" not in text
     return text
@@ -55,7 +62,8 @@ def test_max_pipeline_stages_below_the_depth_needed_is_named() -> None:
     tr = TrainingSpec(
         global_batch_size=8, microbatch_sizes=[1], max_tensor_parallel=1, max_pipeline_stages=2
     )
-    text = _message(WIDE, tr, devices=3, gib=0.30)
+    # Unsharded: the depth is what fails (sharded over the three devices, the model fits).
+    text = _message(WIDE, tr, devices=3, gib=0.30, config=SearchConfig(sharded=False))
     assert "at least 3 stages on dev" in text and "max_pipeline_stages is 2" in text
 
 
@@ -71,7 +79,9 @@ def test_tensor_parallel_limited_by_the_heads_is_named() -> None:
         vocab_size=200000,
         dtype="bf16",
     )
-    text = _message(m, TrainingSpec(global_batch_size=8, microbatch_sizes=[1]), 8, 2.0)
+    # (Sharded over the eight devices it fits: the message is the unsharded search's.)
+    training = TrainingSpec(global_batch_size=8, microbatch_sizes=[1])
+    text = _message(m, training, 8, 2.0, config=SearchConfig(sharded=False))
     assert "no device holds the largest layer" in text
     assert "at tp 2 (tp 4 does not divide num_heads 6)" in text
     assert "missing 394.2 MiB" in text
