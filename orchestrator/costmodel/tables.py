@@ -254,6 +254,20 @@ class CostTables:
         self._intra = intra_node_bandwidth_bytes_per_s or {}
         self._cache: dict[tuple[str, int, int, bool], LayerTable] = {}
         self._time_terms: dict[str, object] = {}
+        self._params_prefix: list[int] | None = None
+        # Solved pipeline shapes, per (shape, microbatch, sharding): the search asks again for
+        # the same shapes from its several selections (see planner/templates.build_template).
+        self.templates: dict[object, object] = {}
+
+    def params(self, start: int, end: int) -> int:
+        """Parameters of planner layers ``[start, end)`` (a prefix sum: the search sums ranges
+        of layers for every shape it solves)."""
+        if self._params_prefix is None:
+            prefix = [0]
+            for layer in range(self.model.num_planner_layers):
+                prefix.append(prefix[-1] + self.model.layer_params(layer))
+            self._params_prefix = prefix
+        return self._params_prefix[end] - self._params_prefix[start]
 
     @classmethod
     def for_cluster(

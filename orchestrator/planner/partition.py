@@ -13,8 +13,9 @@ as many layers as fit, is not exact when stages differ per layer: taking more ca
 stage onto a layer that is slow on its device, and the non-empty stages cannot give it back.)
 Where every single layer fits the stage, the union over a range of reachable starts is one range,
 so a check costs a few bisections per stage.
-Bisection over ``T`` finds the least feasible bottleneck to a relative precision of 1e-9, i.e.
-exactly for planning purposes; the boundaries come from walking the reachable sets backwards.
+Bisection over ``T`` finds the least feasible bottleneck to a relative precision of 1e-7 (each
+found split's own bottleneck tightens the upper end), i.e. exactly for planning purposes; the
+boundaries come from walking the reachable sets backwards.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 from orchestrator.costmodel.tables import LayerTable
 
-_RELATIVE_PRECISION = 1e-9
+_RELATIVE_PRECISION = 1e-7
 _MAX_BISECTIONS = 60
 
 
@@ -179,8 +180,17 @@ def _bisect(
         if found is None:
             lo = mid
         else:
-            hi, best = mid, found
+            # The found split's own bottleneck may lie well below the budget: bisect from there.
+            hi, best = min(mid, _bottleneck_s(stages, found)), found
     return lo, hi, best
+
+
+def _bottleneck_s(stages: list[StageCosts], boundaries: list[int]) -> float:
+    """The slowest stage's per-microbatch seconds under ``boundaries``."""
+    return max(
+        st.table.compute_s(boundaries[i], boundaries[i + 1]) + st.comm_s
+        for i, st in enumerate(stages)
+    )
 
 
 def split_layers(stages: list[StageCosts], num_layers: int) -> Split | None:

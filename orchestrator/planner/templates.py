@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
+from typing import cast
 
 from orchestrator.costmodel import comm, sharding
 from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
@@ -177,6 +178,25 @@ def build_template(
     (recompute costs each block's forward again, so no more of it than needed), found by
     bisection over the count.
     """
+    # The cluster facts the solve reads are part of the key (a search sees one set; a caller
+    # that changes a type's memory gets a fresh solve).
+    facts = tuple(infos[n] for n in sorted({n for n, _ in stage_types}))
+    key = (stage_types, microbatch_size, shard, facts)
+    if key in tables.templates:
+        return cast("Template | None", tables.templates[key])
+    found = _solve_template(tables, infos, stage_types, microbatch_size, shard)
+    tables.templates[key] = found
+    return found
+
+
+def _solve_template(
+    tables: CostTables,
+    infos: dict[str, TypeInfo],
+    stage_types: tuple[tuple[str, int], ...],
+    microbatch_size: int,
+    shard: tuple[Sharding, int] | None,
+) -> Template | None:
+    """:func:`build_template` without its memo."""
     state_tables: dict[tuple[str, bool], LayerTable] = {}  # sharded tables, per type
     found = _build_template(tables, infos, stage_types, microbatch_size, (), shard, state_tables)
     if found is not None or not tables.training.activation_recompute:
@@ -266,7 +286,7 @@ def _build_template(
     kept = 1.0 if shard is None else 1.0 / shard[1]
     update_s = tuple(st.table.update_s(b[i], b[i + 1]) * kept for i, st in enumerate(stages))
     grad_bytes = tuple(
-        sum(model.layer_params(layer) for layer in range(b[i], b[i + 1])) * grad_per_param / tp
+        tables.params(b[i], b[i + 1]) * grad_per_param / tp
         for i, (_, tp) in enumerate(stage_types)
     )
     if shard is None:
