@@ -87,6 +87,10 @@ class RuntimePreset:
     # plan-wide (our engine: slice by slice, worker/topology.overlaps_grad_reduce), so no
     # gradient reduction of such a plan overlaps the backward.
     blocks_sharded_reduction: bool = False
+    # Whether a sharded layer's gradients are reduced to their slices only after the backward
+    # (our engine: worker/sharding.after_backward), so every holder holds them whole at the
+    # step's peak at any sharding level; False: reduce-scattered during the backward (ZeRO-2).
+    whole_gradients_at_peak: bool = False
 
     def state_terms(self, model: ModelSpec, training: TrainingSpec) -> StateTerms:
         """Per-parameter bytes of weights, gradients, optimizer state and weight copies."""
@@ -136,6 +140,7 @@ ORCHESTRATOR = RuntimePreset(
     grad_bucket_bytes=25.0 * 1024 * 1024,
     gathered_layers=None,  # worker/sharding.py gathers a step's parameters once
     blocks_sharded_reduction=True,
+    whole_gradients_at_peak=True,
 )
 
 MEGATRON_DEEPSPEED = RuntimePreset(

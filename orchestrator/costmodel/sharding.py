@@ -57,22 +57,35 @@ def state_parts_bytes(
 
 
 def sharded_state_bytes(
-    model: ModelSpec, training: TrainingSpec, layer: int, tp: int, level: Sharding, k: int
+    model: ModelSpec,
+    training: TrainingSpec,
+    layer: int,
+    tp: int,
+    level: Sharding,
+    k: int,
+    whole_grads: bool = False,
 ) -> float:
     """State bytes of ``layer`` on one device of a shard group of ``k`` at ``level``
-    (without the gathered working weights of ``full``; see :func:`gathered_bytes`)."""
-    return shard_of(*state_parts_bytes(model, training, layer, tp), level, k)
+    (without the gathered working weights of ``full``; see :func:`gathered_bytes`) at the
+    step's peak; ``whole_grads``: see :func:`shard_of`."""
+    return shard_of(*state_parts_bytes(model, training, layer, tp), level, k, whole_grads)
 
 
-def shard_of(weights: float, grads: float, opt: float, level: Sharding, k: int) -> float:
-    """:func:`sharded_state_bytes` from a layer's (weights, gradients, optimizer) bytes."""
+def shard_of(
+    weights: float, grads: float, opt: float, level: Sharding, k: int, whole_grads: bool = False
+) -> float:
+    """:func:`sharded_state_bytes` from a layer's (weights, gradients, optimizer) bytes.
+    ``whole_grads``: the runtime reduces a sharded layer's gradients only after the backward
+    (``RuntimePreset.whole_gradients_at_peak``), so at the step's peak every holder still holds
+    them whole, whatever the level; the slices save memory only between steps."""
     if k <= 1 or level is Sharding.NONE:
         return weights + grads + opt
+    kept_grads = grads if whole_grads else grads / k
     if level is Sharding.OPTIMIZER:
         return weights + grads + opt / k
     if level is Sharding.GRADIENTS:
-        return weights + (grads + opt) / k
-    return (weights + grads + opt) / k
+        return weights + kept_grads + opt / k
+    return weights / k + kept_grads + opt / k
 
 
 def gathered_bytes(
@@ -124,6 +137,7 @@ def apply(
     training: TrainingSpec,
     holder_bandwidth: Callable[[list[StageSpec]], float],
     gathered_layers: int | None = GATHERED_LAYERS,
+    whole_grads: bool = False,
 ) -> list[DeviceEstimate]:
     """The devices' estimates with sharded stages' memory and synchronisation adjusted.
 
@@ -174,7 +188,8 @@ def apply(
         for r, s, st in sharded:
             i = index[(r, s)]
             weights, grads, opt = parts_of(layer, st.tp)
-            saved_bytes[i] += weights + grads + opt - shard_of(weights, grads, opt, level, k)
+            kept = shard_of(weights, grads, opt, level, k, whole_grads)
+            saved_bytes[i] += weights + grads + opt - kept
             key = (layer, st.tp, timed, k, k == len(holders), bw)
             found = syncs.get(key)
             if found is None:

@@ -55,7 +55,9 @@ def state_floor_bytes(
     for layer in range(start, end):
         weights, grads, opt = sharding.state_parts_bytes(model, training, layer, 1)
         saved += weights + grads + opt
-        saved -= sharding.sharded_state_bytes(model, training, layer, 1, level, k)
+        saved -= sharding.sharded_state_bytes(
+            model, training, layer, 1, level, k, tables.runtime.whole_gradients_at_peak
+        )
         weights_total += weights
     held = table.state_bytes(start, end) - saved + tables.framework_overhead_bytes(device_type)
     if level is Sharding.FULL:

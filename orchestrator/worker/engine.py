@@ -32,7 +32,12 @@ from orchestrator.worker.emulation import Stretcher
 from orchestrator.worker.finite import FiniteGuard
 from orchestrator.worker.grad_sync import OverlappedGradSync
 from orchestrator.worker.groups import GradientGroups, backend_for_device, init_world
-from orchestrator.worker.memory_account import ActivationAccount, DeviceMemory, memory_use
+from orchestrator.worker.memory_account import (
+    ActivationAccount,
+    DeviceMemory,
+    memory_use,
+    storage_bytes,
+)
 from orchestrator.worker.model_api import LayeredModel, build_model, check_layer_count
 from orchestrator.worker.optim import (
     clip_coefficient,
@@ -200,6 +205,9 @@ class StageEngine:
         self.device_memory: DeviceMemory | None = None
         self._activations: ActivationAccount | None = None
         self._last_memory: MemoryUse | None = None
+        # Sharded stages: the whole gradients held at the end of the backward (the state's peak;
+        # the slices replace them only after it, in ShardedState.after_backward).
+        self._backward_grad_bytes = 0
         self._steps_run = 0
         if self.stretcher.emulated:
             log.info(
@@ -300,15 +308,15 @@ class StageEngine:
                 if g.optimizer is not None:
                     optimizers.append(g.optimizer)
                 masters.extend(g.pieces)
-                if g.grad_slice is not None:
-                    masters.append(g.grad_slice)
         counted = memory_use(
             self.layers.values(), optimizers, self.runner.activations, self.device_memory, masters
         )
         if self.sharding is not None:
-            # ``full``: the step held whole parameters, released after its backward
+            # The state's peak is the end of the backward: whole gradients (the slices that
+            # replace them come after), and for ``full`` the whole parameters, released after it.
             held = counted.weights_bytes + self.sharding.released_weight_bytes()
-            counted = replace(counted, weights_bytes=held)
+            grads = max(counted.grads_bytes, self._backward_grad_bytes)
+            counted = replace(counted, weights_bytes=held, grads_bytes=grads)
         self._last_memory = counted
         return self._last_memory
 
@@ -388,6 +396,9 @@ class StageEngine:
             # dropped and no optimizer stepped, so weights and optimizer state stay as they are).
             self._skip_update = not self.finite_guard.check(step, loss, self.layers, self.device)
         if self.sharding is not None and not self._skip_update:
+            self._backward_grad_bytes = storage_bytes(
+                p.grad for layer in self.layers.values() for p in layer.parameters()
+            )
             self.sharding.after_backward(self.layers)
         if self.recipe.grad_clip_norm is not None and not self._skip_update:
             # Gradients are still multiplied by the loss scale (1 unless fp16): so is the bound.

@@ -30,9 +30,13 @@ def _plan(level: str, replicas: int = 3, tp: int = 1) -> Plan:
 
 
 # Our state terms with FSDP's gathers: two layers whole at once, gathered before each forward
-# and backward.
+# and backward, gradients reduce-scattered during the backward.
 FSDP_LIKE = replace(
-    ORCHESTRATOR, name="fsdp-like", gathered_layers=2, blocks_sharded_reduction=False
+    ORCHESTRATOR,
+    name="fsdp-like",
+    gathered_layers=2,
+    blocks_sharded_reduction=False,
+    whole_gradients_at_peak=False,
 )
 
 
@@ -98,14 +102,17 @@ def test_full_sharding_gathers_hide_behind_compute_until_the_link_is_slow() -> N
 
 def test_our_full_sharding_holds_the_stage_whole_and_moves_what_zero2_moves() -> None:
     """Our engine gathers a step's parameters once (worker/sharding.py): during the step every
-    layer's weights are whole, the rest of the state is a third; traffic is ZeRO-2's."""
+    layer's weights are whole, and so are its gradients until the backward ends (they are
+    reduced to slices after it); only the optimizer state is a third at the peak; traffic is
+    ZeRO-2's."""
     m, t = model(2), training(3)
     parts = [state_parts_bytes(m, t, i, 1) for i in range(4)]
     whole = _estimate(_plan("none"), runtime=ORCHESTRATOR).devices[0].memory_bytes
     full = _estimate(_plan("full"), runtime=ORCHESTRATOR).devices[0].memory_bytes
     total = sum(sum(p) for p in parts)
     weights = sum(p[0] for p in parts)
-    assert whole - full == pytest.approx(total * 2 / 3 - weights, rel=1e-9)
+    grads = sum(p[1] for p in parts)
+    assert whole - full == pytest.approx(total * 2 / 3 - weights - grads * 2 / 3, rel=1e-9)
     for bandwidth in (1e30, 1e-2):
         ours = _estimate(_plan("full"), bandwidth, ORCHESTRATOR).step_time_s
         zero2 = _estimate(_plan("gradients"), bandwidth, ORCHESTRATOR).step_time_s
@@ -158,3 +165,15 @@ def test_our_engine_reduces_fully_sharded_gradients_after_the_backward() -> None
     plain = _estimate(_plan("none"), bandwidth=1e3, runtime=ORCHESTRATOR).devices[0]
     assert plain.allreduce_s < plain.allreduce_total_s  # the unsharded all-reduce partly hides
     assert zero1.allreduce_total_s == pytest.approx(plain.allreduce_total_s)
+
+
+def test_on_our_engine_sharding_gradients_saves_no_peak_memory_over_the_optimizer_level() -> (
+    None
+):
+    # worker/sharding.after_backward reduces gradients to slices only after the backward, so at
+    # the step's peak every holder holds them whole: the cost model must not count them / k.
+    def memory(level: str, runtime: RuntimePreset) -> float:
+        return _estimate(_plan(level), runtime=runtime).devices[0].memory_bytes
+
+    assert memory("gradients", ORCHESTRATOR) == pytest.approx(memory("optimizer", ORCHESTRATOR))
+    assert memory("gradients", FSDP_LIKE) < memory("optimizer", FSDP_LIKE)
