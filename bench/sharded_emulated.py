@@ -62,12 +62,15 @@ def small_catalog(memory_mib: float) -> DeviceCatalog:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--memory-mib", type=float, default=16.0, help="each emulated device's")
+    parser.add_argument("--memory-mib", type=float, default=32.0, help="each emulated device's")
+    parser.add_argument(
+        "--max-stages", type=int, default=1, help="training.max_pipeline_stages (1: no pipelines)"
+    )
     args = parser.parse_args()
     rt.configure(GLOBAL_BATCH, SHAPE.num_layers, SPEED, SPEED, NODES, 0, MICROBATCHES)
     rt.SHAPE = SHAPE
     job = rt.bench_job()
-    training = rt.training()
+    training = rt.training().model_copy(update={"max_pipeline_stages": args.max_stages})
     print(f"load average at start: {rt.load_average()} on {os.cpu_count()} cores")
     print(
         f"emulated: {NODES} x {DEVICE} @{SPEED}, {args.memory_mib:g} MiB each (1 MiB framework);"

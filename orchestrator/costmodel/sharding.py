@@ -56,6 +56,16 @@ def state_parts_bytes(
     return params * w, params * g, params * (total - w - g)
 
 
+def master_bytes(model: ModelSpec, training: TrainingSpec, layer: int, tp: int) -> float:
+    """fp32 weights a sharded holder's optimizer steps beyond the state (per device): under
+    fp32 training the state has no master copy (an unsharded optimizer steps the weights in
+    place), while a sharded holder steps an fp32 copy of its slice (worker/sharding.py's
+    ``pieces``, as ZeRO keeps its fp32 partition); :func:`shard_of` divides it by ``k``. Zero
+    under 16-bit mixed precision, whose state already holds the fp32 master."""
+    has_master = training.mixed_precision and model.dtype.size_bytes == 2
+    return 0.0 if has_master else model.layer_params(layer) / tp * 4
+
+
 def sharded_state_bytes(
     model: ModelSpec,
     training: TrainingSpec,
@@ -68,19 +78,29 @@ def sharded_state_bytes(
     """State bytes of ``layer`` on one device of a shard group of ``k`` at ``level``
     (without the gathered working weights of ``full``; see :func:`gathered_bytes`) at the
     step's peak; ``whole_grads``: see :func:`shard_of`."""
-    return shard_of(*state_parts_bytes(model, training, layer, tp), level, k, whole_grads)
+    master = master_bytes(model, training, layer, tp)
+    parts = state_parts_bytes(model, training, layer, tp)
+    return shard_of(*parts, level, k, whole_grads, master)
 
 
 def shard_of(
-    weights: float, grads: float, opt: float, level: Sharding, k: int, whole_grads: bool = False
+    weights: float,
+    grads: float,
+    opt: float,
+    level: Sharding,
+    k: int,
+    whole_grads: bool = False,
+    master: float = 0.0,
 ) -> float:
     """:func:`sharded_state_bytes` from a layer's (weights, gradients, optimizer) bytes.
     ``whole_grads``: the runtime reduces a sharded layer's gradients only after the backward
     (``RuntimePreset.whole_gradients_at_peak``), so at the step's peak every holder still holds
-    them whole, whatever the level; the slices save memory only between steps."""
+    them whole, whatever the level; the slices save memory only between steps. ``master``:
+    :func:`master_bytes`, held as one more slice of optimizer state."""
     if k <= 1 or level is Sharding.NONE:
         return weights + grads + opt
     kept_grads = grads if whole_grads else grads / k
+    opt += master
     if level is Sharding.OPTIMIZER:
         return weights + grads + opt / k
     if level is Sharding.GRADIENTS:
@@ -188,7 +208,8 @@ def apply(
         for r, s, st in sharded:
             i = index[(r, s)]
             weights, grads, opt = parts_of(layer, st.tp)
-            kept = shard_of(weights, grads, opt, level, k, whole_grads)
+            master = master_bytes(model, training, layer, st.tp)
+            kept = shard_of(weights, grads, opt, level, k, whole_grads, master)
             saved_bytes[i] += weights + grads + opt - kept
             key = (layer, st.tp, timed, k, k == len(holders), bw)
             found = syncs.get(key)

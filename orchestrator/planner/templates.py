@@ -141,9 +141,9 @@ def sharded_state_table(
     states = []
     for layer in range(model.num_planner_layers):
         weights, grads, opt = sharding.state_parts_bytes(model, training, layer, table.tp)
-        kept = sharding.shard_of(
-            weights, grads, opt, level, k, tables.runtime.whole_gradients_at_peak
-        )
+        master = sharding.master_bytes(model, training, layer, table.tp)
+        whole_grads = tables.runtime.whole_gradients_at_peak
+        kept = sharding.shard_of(weights, grads, opt, level, k, whole_grads, master)
         held = table.state_bytes(layer, layer + 1) - (weights + grads + opt) + kept
         states.append(held + (weights if whole_weights else 0.0))
     return replace(

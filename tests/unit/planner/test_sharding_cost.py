@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.costmodel import estimate_plan
 from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
-from orchestrator.costmodel.sharding import state_parts_bytes
+from orchestrator.costmodel.sharding import master_bytes, state_parts_bytes
 from orchestrator.errors import SpecError
 from orchestrator.spec import Plan
 
@@ -65,7 +65,10 @@ def test_memory_divides_what_the_level_shards(level: str, kept: tuple[float, ...
     parts = [state_parts_bytes(m, t, i, 1) for i in range(4)]
     whole = _estimate(_plan("none")).devices[0].memory_bytes
     sharded = _estimate(_plan(level)).devices[0].memory_bytes
-    saved = sum(p[j] * (1 - kept[j]) for p in parts for j in range(3))
+    # fp32 training: a sharded holder also steps an fp32 copy of its third of the weights
+    master = sum(master_bytes(m, t, i, 1) for i in range(4))
+    assert master > 0
+    saved = sum(p[j] * (1 - kept[j]) for p in parts for j in range(3)) - master / 3
     assert saved > 0
     assert whole - sharded == pytest.approx(saved, rel=1e-9)
 
@@ -77,7 +80,8 @@ def test_full_sharding_holds_a_third_plus_two_gathered_layers() -> None:
     full = _estimate(_plan("full")).devices[0].memory_bytes
     total = sum(sum(p) for p in parts)
     gathered = sum(sorted((p[0] for p in parts), reverse=True)[:2])
-    assert whole - full == pytest.approx(total * 2 / 3 - gathered, rel=1e-9)
+    master = sum(master_bytes(m, t, i, 1) for i in range(4))
+    assert whole - full == pytest.approx(total * 2 / 3 - gathered - master / 3, rel=1e-9)
 
 
 def test_full_sharding_gathers_hide_behind_compute_until_the_link_is_slow() -> None:
@@ -112,7 +116,9 @@ def test_our_full_sharding_holds_the_stage_whole_and_moves_what_zero2_moves() ->
     total = sum(sum(p) for p in parts)
     weights = sum(p[0] for p in parts)
     grads = sum(p[1] for p in parts)
-    assert whole - full == pytest.approx(total * 2 / 3 - weights - grads * 2 / 3, rel=1e-9)
+    master = sum(master_bytes(m, t, i, 1) for i in range(4))
+    saved = total * 2 / 3 - weights - grads * 2 / 3 - master / 3
+    assert whole - full == pytest.approx(saved, rel=1e-9)
     for bandwidth in (1e30, 1e-2):
         ours = _estimate(_plan("full"), bandwidth, ORCHESTRATOR).step_time_s
         zero2 = _estimate(_plan("gradients"), bandwidth, ORCHESTRATOR).step_time_s
