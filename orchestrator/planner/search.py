@@ -186,6 +186,28 @@ def _shortfall_message(tables: CostTables, infos: dict[str, TypeInfo]) -> str:
     return explain(tables, infos)
 
 
+def _nothing_fits(
+    model: ModelSpec, tables: CostTables, infos: dict[str, TypeInfo]
+) -> InfeasibleError:
+    """The search's one-line refusal: how much memory is missing on which device type."""
+    return InfeasibleError(
+        f"no plan for {model.name} fits this cluster: {_shortfall_message(tables, infos)}",
+        fix="add devices with more memory, shorten sequence_length, or lower microbatch_sizes",
+    )
+
+
+def _why_not_sharded(training: TrainingSpec, config: SearchConfig, *, unsharded_fits: bool) -> str:
+    """Why the sharded candidates are not tried ("": they are)."""
+    # The engine does not run fp16 loss scaling on sharded stages (worker/sharding.py).
+    if training.runtime_precision is Dtype.FP16:
+        return "fp16 loss scaling does not run sharded"
+    if not config.sharded:
+        return "turned off in the search"
+    if config.sharded_only_if_needed and unsharded_fits:
+        return "an unsharded plan fits, and it keeps every layer whole on a survivor"
+    return ""
+
+
 def make_plan(
     cluster: Cluster,
     model: ModelSpec,
@@ -221,10 +243,7 @@ def make_plan(
     built: dict[int, dict[str, list[Template]]] = {}
     chosen = _best_selection(tables, infos, training, config, stranded=stranded, built=built)
     if chosen is None and not _may_shard(training, config):
-        raise InfeasibleError(
-            f"no plan for {model.name} fits this cluster: {_shortfall_message(tables, infos)}",
-            fix="add devices with more memory, shorten sequence_length, or lower microbatch_sizes",
-        )
+        raise _nothing_fits(model, tables, infos)
     candidates = (
         []
         if chosen is None
@@ -258,14 +277,7 @@ def make_plan(
         key=lambda c: (c[1].step_time_s, c[0].to_json()),
         default=None,
     )
-    # The engine does not run fp16 loss scaling on sharded stages (worker/sharding.py).
-    not_tried = (
-        "fp16 loss scaling does not run sharded"
-        if training.runtime_precision is Dtype.FP16
-        else ("" if config.sharded else "turned off in the search")
-    )
-    if not not_tried and config.sharded_only_if_needed and unsharded is not None:
-        not_tried = "an unsharded plan fits, and it keeps every layer whole on a survivor"
+    not_tried = _why_not_sharded(training, config, unsharded_fits=unsharded is not None)
     sharded = (
         None
         if not_tried
@@ -305,10 +317,7 @@ def make_plan(
     ):
         candidates.append(piped)
     if not any(c[1].fits for c in candidates):
-        raise InfeasibleError(
-            f"no plan for {model.name} fits this cluster: {_shortfall_message(tables, infos)}",
-            fix="add devices with more memory, shorten sequence_length, or lower microbatch_sizes",
-        )
+        raise _nothing_fits(model, tables, infos)
 
     # Ties go to the unsharded plan (it keeps every layer whole on one rank).
     plan, estimate = min(
