@@ -169,7 +169,7 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any]:
 
     from orchestrator.worker.data import DataConfig, make_dataset
     from orchestrator.worker.emulation import Stretcher, parse_speed
-    from orchestrator.worker.engine import build_layers
+    from orchestrator.worker.layers import build_layers
     from orchestrator.worker.model_api import build_model
     from orchestrator.worker.optim import make_optimizer
 

@@ -29,7 +29,8 @@ from orchestrator.spec import ClusterSpec, ModelSpec, TrainingSpec
 from orchestrator.spec.plan import Plan
 from orchestrator.worker import recompute
 from orchestrator.worker.data import DataConfig
-from orchestrator.worker.engine import EngineConfig, build_layers
+from orchestrator.worker.engine import EngineConfig
+from orchestrator.worker.layers import build_layers
 from orchestrator.worker.local import run_local
 from orchestrator.worker.precision import PrecisionPolicy, parse_precision
 

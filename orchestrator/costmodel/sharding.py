@@ -33,13 +33,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
+from orchestrator.costmodel.result import DeviceEstimate
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 from orchestrator.spec.plan import Plan, Sharding, StageSpec
-
-if TYPE_CHECKING:
-    from orchestrator.costmodel.estimate import DeviceEstimate
 
 # FSDP holds the layer it computes and the one it prefetches.
 GATHERED_LAYERS = 2

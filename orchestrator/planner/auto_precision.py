@@ -14,22 +14,18 @@ and the runtime runs exactly it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
 
 from orchestrator.errors import InfeasibleError
 from orchestrator.planner.precision import choose_precision, fast_formats
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.devices import DeviceType, Dtype
-from orchestrator.spec.model import AUTO_PRECISION, ModelSpec, TrainingSpec
+from orchestrator.spec.model import AUTO_PRECISION, TrainingSpec
 from orchestrator.spec.plan import Plan
-from orchestrator.spec.profiles import ProfileSet
 
-if TYPE_CHECKING:
-    from orchestrator.costmodel.presets import RuntimePreset
-    from orchestrator.planner.search import PlanResult
-    from orchestrator.planner.selection import SearchConfig
+R = TypeVar("R")  # the search's result at one precision
 
 # Preference on equal step times: bf16 needs no loss scaling; fp16 does; fp32 is the slowest.
 ORDER = (Dtype.BF16, Dtype.FP16, Dtype.FP32)
@@ -105,22 +101,18 @@ def _reason(chosen: PrecisionCandidate, others: list[PrecisionCandidate]) -> str
 
 def plan_auto(
     cluster: Cluster,
-    model: ModelSpec,
     training: TrainingSpec,
-    profiles: ProfileSet | None,
-    config: SearchConfig | None,
-    *,
-    runtime: RuntimePreset,
-) -> PlanResult:
-    """The fastest of the per-format plans (module docstring), its plan recording the format and
-    its result carrying the :class:`PrecisionDecision`.
+    plan_one: Callable[[Cluster, TrainingSpec], R],
+    step_time_s: Callable[[R], float],
+) -> tuple[PrecisionDecision, dict[Dtype, R]]:
+    """Plan once per format with ``plan_one`` (the search at a fixed precision, on the device
+    types that run it fast) and choose the fastest (module docstring): the decision, and each
+    feasible format's result. Taking the search as an argument keeps this module below it.
 
     Raises :class:`~orchestrator.errors.InfeasibleError` when no format fits (the fp32 search's
     message: it plans on every device).
     """
-    from orchestrator.planner.search import make_plan
-
-    results: dict[Dtype, PlanResult] = {}
+    results: dict[Dtype, R] = {}
     candidates: list[PrecisionCandidate] = []
     fp32_error: InfeasibleError | None = None
     for precision in ORDER:
@@ -132,9 +124,7 @@ def plan_auto(
             continue
         fixed = training.model_copy(update={"precision": precision})
         try:
-            result = make_plan(
-                _restricted(cluster, keep), model, fixed, profiles, config, runtime=runtime
-            )
+            result = plan_one(_restricted(cluster, keep), fixed)
         except InfeasibleError as exc:
             if precision is Dtype.FP32:
                 fp32_error = exc
@@ -144,9 +134,7 @@ def plan_auto(
             )
             continue
         results[precision] = result
-        candidates.append(
-            PrecisionCandidate(precision, tuple(left_out), result.estimate.step_time_s)
-        )
+        candidates.append(PrecisionCandidate(precision, tuple(left_out), step_time_s(result)))
     feasible = [c for c in candidates if c.step_time_s is not None]
     if not feasible:
         assert fp32_error is not None
@@ -158,8 +146,7 @@ def plan_auto(
         reason=_reason(best, [c for c in candidates if c is not best]),
         candidates=tuple(candidates),
     )
-    searched_s = sum(r.search_time_s for r in results.values())
-    return replace(results[best.precision], precision_choice=decision, search_time_s=searched_s)
+    return decision, results
 
 
 def with_auto_precision(

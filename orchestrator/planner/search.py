@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from orchestrator.costmodel import (
     CostTables,
@@ -24,6 +23,7 @@ from orchestrator.costmodel import (
 from orchestrator.costmodel.precision import costed_inputs
 from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.errors import InfeasibleError
+from orchestrator.planner.auto_precision import PrecisionDecision, plan_auto
 from orchestrator.planner.layout_note import is_sharded, sharding_line, tp_line
 from orchestrator.planner.placement import place
 from orchestrator.planner.selection import SearchConfig, Selection, SelectionSearch
@@ -35,9 +35,6 @@ from orchestrator.spec.devices import Dtype
 from orchestrator.spec.model import AUTO_PRECISION, ModelSpec, TrainingSpec
 from orchestrator.spec.plan import Plan, ReplicaSpec, Sharding, StageSpec
 from orchestrator.spec.profiles import ProfileSet
-
-if TYPE_CHECKING:
-    from orchestrator.planner.auto_precision import PrecisionDecision
 
 GiB = 1024**3
 
@@ -224,9 +221,15 @@ def make_plan(
     memory is missing on which device type.
     """
     if training.precision == AUTO_PRECISION:
-        from orchestrator.planner.auto_precision import plan_auto
-
-        return plan_auto(cluster, model, training, profiles, config, runtime=runtime)
+        decision, results = plan_auto(
+            cluster,
+            training,
+            lambda c, t: make_plan(c, model, t, profiles, config, runtime=runtime),
+            lambda r: r.estimate.step_time_s,
+        )
+        searched_s = sum(r.search_time_s for r in results.values())
+        best = results[decision.precision]
+        return replace(best, precision_choice=decision, search_time_s=searched_s)
     # Costed in the run's format; the chosen plan records it (None: training.precision unset).
     model, training = costed_inputs(model, training)
     started = time.perf_counter()

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from orchestrator.errors import SpecError
 from orchestrator.spec.plan import Plan
@@ -32,6 +31,7 @@ from orchestrator.worker.emulation import Stretcher
 from orchestrator.worker.finite import FiniteGuard
 from orchestrator.worker.grad_sync import OverlappedGradSync
 from orchestrator.worker.groups import GradientGroups, backend_for_device, init_world
+from orchestrator.worker.layers import build_layers
 from orchestrator.worker.memory_account import (
     ActivationAccount,
     DeviceMemory,
@@ -574,18 +574,6 @@ class StageEngine:
         self.grad_sync = None
         self.sharding = None
         self.runner = None
-
-
-def build_layers(
-    model: LayeredModel, indices: range, seed: int, device: torch.device
-) -> dict[int, nn.Module]:
-    """Build planner layers ``indices``, each under its own seed (``seed + index``)."""
-    layers: dict[int, nn.Module] = {}
-    for i in indices:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed + i)
-            layers[i] = model.build_layer(i).to(device=device, dtype=torch.float32)
-    return layers
 
 
 def _to_cpu(obj: Any) -> Any:

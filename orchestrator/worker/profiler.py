@@ -38,7 +38,7 @@ from orchestrator.spec.profiles import (
 )
 from orchestrator.worker.call_terms import CallOverhead, measure_call_overhead
 from orchestrator.worker.data import DataConfig, make_dataset
-from orchestrator.worker.engine import build_layers
+from orchestrator.worker.layers import build_layers
 from orchestrator.worker.memory_account import ActivationAccount, DeviceMemory, state_bytes
 from orchestrator.worker.model_api import LayeredModel, build_model
 from orchestrator.worker.optim import make_optimizer

@@ -17,7 +17,7 @@ import torch
 
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.dropout import sample_streams
-from orchestrator.worker.engine import build_layers
+from orchestrator.worker.layers import build_layers
 from orchestrator.worker.model_api import build_model
 from orchestrator.worker.optim import (
     clip_coefficient,

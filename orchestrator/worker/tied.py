@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from orchestrator.spec.plan import Plan
+from orchestrator.worker.layers import build_layers
 from orchestrator.worker.topology import ranks_for_plan
 
 TiedGroup = tuple[tuple[int, str], ...]
@@ -46,8 +47,6 @@ def copy_initial_weights(
 ) -> None:
     """Make every copy this rank holds equal to its group's first member, as initialised (or
     loaded) by a rank that holds it; builds that layer here when this rank does not."""
-    from orchestrator.worker.engine import build_layers
-
     for group in tied_groups(model):
         (src_layer, src_name), *copies = group
         mine = [(i, n) for i, n in copies if i in layers]

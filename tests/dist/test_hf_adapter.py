@@ -16,7 +16,7 @@ from hf_tiny import SEQ, VOCAB, hf_model, make_folder
 
 from orchestrator.models.hf_causal import HFCausalLM, hf_model_spec
 from orchestrator.models.hf_export import export_hf
-from orchestrator.worker.engine import build_layers
+from orchestrator.worker.layers import build_layers
 from orchestrator.worker.tied import copy_initial_weights, sum_local, unique_parameters
 
 KINDS = ["gpt2", "llama", "llama-tied", "mistral"]

@@ -90,7 +90,7 @@ def test_runtime_terms_line_goes_through_its_two_points() -> None:
     import torch
 
     from orchestrator.worker.data import make_dataset
-    from orchestrator.worker.engine import build_layers
+    from orchestrator.worker.layers import build_layers
     from orchestrator.worker.model_api import build_model
     from orchestrator.worker.runtime_terms import measure_runtime_terms
 
@@ -117,7 +117,7 @@ def test_call_terms_fit_chains_of_blocks_timed_as_one_call() -> None:
 
     from orchestrator.worker.call_terms import call_intercept, measure_call_overhead
     from orchestrator.worker.data import make_dataset
-    from orchestrator.worker.engine import build_layers
+    from orchestrator.worker.layers import build_layers
     from orchestrator.worker.model_api import build_model
 
     kwargs = dict(KWARGS, num_layers=4)

@@ -15,7 +15,8 @@ from orchestrator.models.stack import StackModel, stack_model_spec, stack_piece
 from orchestrator.spec.job import JobSpec
 from orchestrator.runtime.jobs import load_job
 from orchestrator.worker.data import DataConfig
-from orchestrator.worker.engine import EngineConfig, build_layers
+from orchestrator.worker.engine import EngineConfig
+from orchestrator.worker.layers import build_layers
 from orchestrator.worker.local import run_local
 from orchestrator.worker.recipe import OptimizerRecipe
 from orchestrator.worker.reference import ReferenceTrainer

@@ -78,7 +78,7 @@ def test_export_a_checkpoint_loads_with_from_pretrained(tmp_path: Path) -> None:
 
     from orchestrator.models.hf_causal import HFCausalLM
     from orchestrator.worker.checkpoint import save_checkpoint
-    from orchestrator.worker.engine import build_layers
+    from orchestrator.worker.layers import build_layers
 
     config = LlamaConfig(
         num_hidden_layers=2,
