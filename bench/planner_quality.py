@@ -38,6 +38,7 @@ from orchestrator.costmodel import CostTables, estimate_with_tables
 from orchestrator.planner import make_plan
 from orchestrator.spec import ClusterSpec, ModelSpec, Plan, TrainingSpec
 from orchestrator.spec.cluster import Cluster
+from orchestrator.spec.plan import Sharding
 
 Stage = tuple[str, int]  # (device type, tp)
 
@@ -82,7 +83,7 @@ def replica_options(cluster: Cluster, num_layers: int) -> list[Replica]:
     return out
 
 
-def to_plan(replicas, nodes, batches, mbs, batch) -> Plan:
+def to_plan(replicas, nodes, batches, mbs, batch, sharding: Sharding = Sharding.NONE) -> Plan:
     return Plan(
         global_batch_size=batch,
         microbatch_size=mbs,
@@ -95,6 +96,7 @@ def to_plan(replicas, nodes, batches, mbs, batch) -> Plan:
                         "device_type": t,
                         "tp": tp,
                         "node": n,
+                        "sharding": sharding,
                     }
                     for i, ((t, tp), n) in enumerate(zip(r.stages, ns, strict=True))
                 ],
@@ -211,39 +213,45 @@ def optimum(cluster: Cluster, tables: CostTables, training: TrainingSpec):
         count[0] += 1
         reps = [options[i] for i in chosen]
         step_extra = max(overhead[node_type[nd]] for ns in placed for nd in ns)
+        # Sharded state over the replicas, one level for the whole plan, where our engine runs
+        # it (tp-1 stages only): it changes memory and the tail, never the pipeline.
+        levels = [Sharding.NONE]
+        if len(reps) > 1 and all(tp == 1 for r in reps for _, tp in r.stages):
+            levels += [Sharding.OPTIMIZER, Sharding.GRADIENTS, Sharding.FULL]
         for mbs in sizes:
-            if len(reps) * mbs > batch and mbs > 1:
+            if (len(reps) * mbs > batch and mbs > 1) or len(reps) > batch:
                 continue
             alone = [cached(i, ns, mbs) for i, ns in zip(chosen, placed, strict=True)]
-            bound = (
-                _pipeline_bound_s(alone, math.ceil(batch / mbs))
-                + max(c.update_s for c in alone)
-                + step_extra
-            )
-            if bound >= best[0] * (1 - 1e-9) or len(reps) > batch:
+            # A sharded holder updates a slice only: the optimizer step is not bounded below.
+            update = max(c.update_s for c in alone) if len(levels) == 1 else 0.0
+            bound = _pipeline_bound_s(alone, math.ceil(batch / mbs)) + update + step_extra
+            if bound >= best[0] * (1 - 1e-9):
                 continue
             count[1] += 1
             nodes = [list(ns) for ns in placed]
-            share = [max(1, batch // len(reps))] * len(reps)
-            share[0] += batch - sum(share)
-            probe = estimate_with_tables(to_plan(reps, nodes, share, mbs, batch), cluster, tables)
-            if not probe.fits:
-                continue
             per_stage = [c.stage_s for c in alone]
             division = best_division(per_stage, mbs, batch)
             if division is None:
                 continue
-            tail = probe.step_time_s - probe.pipeline_s
+            share = [max(1, batch // len(reps))] * len(reps)
+            share[0] += batch - sum(share)
             pipes = [
                 (math.ceil(b / mbs) - 1) * max(t) + sum(t)
                 for b, t in zip(division, per_stage, strict=True)
             ]
-            if max(pipes) + tail >= best[0] * (1 - 1e-9):
-                continue
-            plan = to_plan(reps, nodes, division, mbs, batch)
-            est = estimate_with_tables(plan, cluster, tables)
-            if est.fits and est.step_time_s < best[0]:
-                best[0], best[1] = est.step_time_s, plan
+            for level in levels:
+                probe = estimate_with_tables(
+                    to_plan(reps, nodes, share, mbs, batch, level), cluster, tables
+                )
+                if not probe.fits:
+                    continue
+                tail = probe.step_time_s - probe.pipeline_s
+                if max(pipes) + tail >= best[0] * (1 - 1e-9):
+                    continue
+                plan = to_plan(reps, nodes, division, mbs, batch, level)
+                est = estimate_with_tables(plan, cluster, tables)
+                if est.fits and est.step_time_s < best[0]:
+                    best[0], best[1] = est.step_time_s, plan
 
     def grow(
         start: tuple[int, int],
@@ -334,7 +342,7 @@ CASES = {
     # data parallel across types with uneven batch shares.
     "dp a100+a6000": Case((("A100-40", 1, 4), ("A6000", 1, 4)), 2, 128, 2048, IB),
     "dp 2x2 nodes": Case((("A100-40", 2, 2), ("A10G", 2, 2)), 2, 128),
-    "dp 12 GPUs": Case((("A100-40", 1, 4), ("A6000", 1, 4), ("A10G", 1, 4)), 2, 128, 2048, IB),
+    "dp 3 types": Case((("A100-40", 2, 2), ("A6000", 1, 2), ("A10G", 1, 2)), 2, 128, 2048, IB),
     # A model whose training state (1.8B parameters, ~28 GB) does not fit one L4: the L4s run
     # only in pipelines, alone or behind A100s.
     "pipe a100+l4": Case((("A100-40", 1, 4), ("L4", 2, 2)), 3, 64, 6144, IB),
@@ -346,7 +354,9 @@ def describe(plan: Plan) -> str:
     for r in plan.replicas:
         stages = "|".join(f"{s.device_type}x{s.tp}[{s.layers[0]},{s.layers[1]})" for s in r.stages)
         parts.append(f"b{r.batch_size}:{stages}")
-    return f"mbs {plan.microbatch_size}: " + " ".join(parts)
+    levels = {s.sharding for r in plan.replicas for s in r.stages} - {Sharding.NONE}
+    shard = f" sharded {'/'.join(sorted(levels))}" if levels else ""
+    return f"mbs {plan.microbatch_size}{shard}: " + " ".join(parts)
 
 
 def main() -> None:

@@ -1,9 +1,10 @@
 """The quality benchmark's enumerator (bench/planner_quality.py) against plans listed one by one.
 
-On a two-device instance small enough to list every plan explicitly -- each device a replica of
-its own with every division of the batch, every two-stage pipeline in both orders at every split,
-each device alone -- the enumerator's optimum (water-filled division, bound-pruned multisets) must
-be the listed minimum, and that minimum is a mixed plan: both device types with uneven shares.
+On a two-device instance small enough to list every plan explicitly -- each device alone, every
+two-stage pipeline in both orders at every split, both devices a replica each with every division
+of the batch at every sharding level -- the enumerator's optimum (water-filled division,
+bound-pruned multisets) must be the listed minimum, and that minimum is a mixed plan: both device
+types with uneven shares.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 from bench.planner_quality import Case, Replica, describe, optimum, small_model, to_plan
 from orchestrator.costmodel import CostTables, estimate_with_tables
 from orchestrator.spec import Plan, TrainingSpec
+from orchestrator.spec.plan import Sharding
 
 
 def _listed_minimum(case: Case) -> tuple[float, Plan]:
@@ -40,9 +42,17 @@ def _listed_minimum(case: Case) -> tuple[float, Plan]:
                 plans.append(to_plan([rep], [[node[a], node[b]]], [batch], mbs, batch))
         whole = [Replica(((t, 1),), (0, layers)) for t in (fast, slow)]
         for share in range(1, batch):  # data parallel across the two, every division
-            plans.append(
-                to_plan(whole, [[node[fast]], [node[slow]]], [share, batch - share], mbs, batch)
-            )
+            for level in Sharding:  # its state sharded over the two replicas at each level
+                plans.append(
+                    to_plan(
+                        whole,
+                        [[node[fast]], [node[slow]]],
+                        [share, batch - share],
+                        mbs,
+                        batch,
+                        level,
+                    )
+                )
         for plan in plans:
             est = estimate_with_tables(plan, cluster, tables)
             if est.fits and est.step_time_s < best[0]:
