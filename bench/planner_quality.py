@@ -2,26 +2,34 @@
 
 The enumerator knows nothing of the planner (no templates, no split solver, no batching, no
 placement of its own): it builds ``Plan`` objects directly and scores each with
-``estimate_with_tables``. It enumerates, on small instances (8 GPUs, 2-3 device types, a model of
-few planner layers so that the enumeration ends):
+``estimate_with_tables``. It enumerates, on small instances (8-10 GPUs, 2-3 device types, a
+model of few planner layers so that the enumeration ends):
 
 * every replica shape: a sequence of stages, each a device type and a tensor-parallel degree that
   divides its nodes (at most three types per pipeline), using at most the devices present;
 * every contiguous split of the layers into that many stages;
 * every multiset of such replicas that fits the devices (devices may stay idle);
 * every microbatch size of the training spec;
+* for plans whose stages all run at tp 1 (the engine shards those only), the state unsharded or
+  sharded over the replicas at each level (optimizer, gradients, full), one level per plan;
 * every division of the global batch among the replicas, solved exactly rather than listed: with
   the stages' per-microbatch times fixed by the plan, a replica's pipeline time is
   ``(m - 1) max_s T_s + sum_s T_s`` in its microbatch count ``m`` and the all-reduce tail does not
   depend on the division, so the best division is found by bisection over the step time
   (water-filling), then confirmed by a full estimate of the plan.
 
+Exact pruning keeps it fast: a replica's stage times depend only on its own stages and nodes, so
+each is costed once alone; a multiset whose lower bound (the pipeline time of the relaxed batch
+division, plus the slowest stage's optimizer step where nothing is sharded, plus the per-step
+overhead) is no better than the best plan found is not costed in full.
+
 Stages are placed first-fit (a stage on the node of the replica's previous stage when it has room,
 else the first node of its type with room), one placement per multiset: the optimum is over
-shapes, splits, tp, microbatch sizes and divisions, not over node placements.
+shapes, splits, tp, sharding, microbatch sizes and divisions, not over node placements, nor over
+activation recompute (no case here needs it).
 
-Prints ours/optimum as a throughput ratio (optimum step time over ours; target >= 0.98) and, where
-we fall short, both plans.
+Prints, per case, ours and the optimum (types, stages with their layers and tp, batch shares),
+and ours/optimum as a throughput ratio (optimum step time over ours; target >= 0.98).
 
 Run: .venv/bin/python bench/planner_quality.py [--cases a,b]
 """
@@ -343,9 +351,12 @@ CASES = {
     "dp a100+a6000": Case((("A100-40", 1, 4), ("A6000", 1, 4)), 2, 128, 2048, IB),
     "dp 2x2 nodes": Case((("A100-40", 2, 2), ("A10G", 2, 2)), 2, 128),
     "dp 3 types": Case((("A100-40", 2, 2), ("A6000", 1, 2), ("A10G", 1, 2)), 2, 128, 2048, IB),
-    # A model whose training state (1.8B parameters, ~28 GB) does not fit one L4: the L4s run
-    # only in pipelines, alone or behind A100s.
+    "dp 10 GPUs": Case((("A100-40", 2, 2), ("A10G", 3, 2)), 2, 128),
+    # A model whose training state (1.8B parameters, ~28 GB unsharded) does not fit one L4: the
+    # L4s run in pipelines, alone or behind A100s, or with their state sharded.
     "pipe a100+l4": Case((("A100-40", 1, 4), ("L4", 2, 2)), 3, 64, 6144, IB),
+    # The same model on three types: sharded data parallel lets it fit one device of each.
+    "fit 3 types": Case((("A100-40", 1, 2), ("A10G", 1, 2), ("L4", 2, 2)), 3, 64, 6144, IB),
 }
 
 
