@@ -15,8 +15,10 @@ parameters, ``w``/``g`` bytes per weight/gradient): ZeRO-1/2 reduce-scatter grad
 all-gather updated weights, ``(k-1)/k P (g + w) / b``, the ring all-reduce's volume when
 ``g == w``, so they cost what plain data parallel costs. Where some holders do not shard, the
 runtime all-reduces whole gradients over every holder and the sharded ones then all-gather
-their slices: that all-gather is extra. ZeRO-3 gathers weights before the forward and again
-before the backward and reduce-scatters gradients: ``(k-1)/k P (2 w + g)`` (1.5x an
+their slices: that all-gather is extra. So it is on our engine at ``optimizer`` even where every
+holder shards (it reduces slice by slice only at ``gradients``;
+``RuntimePreset.optimizer_sharding_all_reduces``). ZeRO-3 gathers weights before the forward
+and again before the backward and reduce-scatters gradients: ``(k-1)/k P (2 w + g)`` (1.5x an
 all-reduce; ZeRO section 7). FSDP prefetches the next layer's weights while the current one
 computes, so the gathers hide behind compute up to the stage's compute time; what does not hide
 is charged. That is the regime of "Memory and Bandwidth are All You Need for Fully Sharded Data
