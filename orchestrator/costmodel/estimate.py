@@ -316,6 +316,7 @@ def estimate_with_tables(
         lambda h: _holder_bandwidth(cluster, h, shard_message_bytes),
         tables.runtime.gathered_layers,
         tables.runtime.whole_gradients_at_peak,
+        tables.runtime.optimizer_sharding_all_reduces,
     )
     tail = max(d.allreduce_s + d.update_s for d in devices)
     worst = max(devices, key=lambda d: d.allreduce_s + d.update_s)

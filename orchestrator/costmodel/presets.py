@@ -91,6 +91,11 @@ class RuntimePreset:
     # (our engine: worker/sharding.after_backward), so every holder holds them whole at the
     # step's peak at any sharding level; False: reduce-scattered during the backward (ZeRO-2).
     whole_gradients_at_peak: bool = False
+    # Whether ``optimizer`` sharding (ZeRO-1) all-reduces whole gradients and then gathers the
+    # updated slices (our engine: worker/sharding.py reduces slice by slice only at
+    # ``gradients``), so its gather adds to plain data parallel's traffic; False: gradients
+    # reduce-scattered and slices all-gathered (DeepSpeed's ZeRO-1), the all-reduce's volume.
+    optimizer_sharding_all_reduces: bool = False
 
     def state_terms(self, model: ModelSpec, training: TrainingSpec) -> StateTerms:
         """Per-parameter bytes of weights, gradients, optimizer state and weight copies."""
@@ -141,6 +146,7 @@ ORCHESTRATOR = RuntimePreset(
     gathered_layers=None,  # worker/sharding.py gathers a step's parameters once
     blocks_sharded_reduction=True,
     whole_gradients_at_peak=True,
+    optimizer_sharding_all_reduces=True,
 )
 
 MEGATRON_DEEPSPEED = RuntimePreset(

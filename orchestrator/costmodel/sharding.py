@@ -15,8 +15,10 @@ parameters, ``w``/``g`` bytes per weight/gradient): ZeRO-1/2 reduce-scatter grad
 all-gather updated weights, ``(k-1)/k P (g + w) / b``, the ring all-reduce's volume when
 ``g == w``, so they cost what plain data parallel costs. Where some holders do not shard, the
 runtime all-reduces whole gradients over every holder and the sharded ones then all-gather
-their slices: that all-gather is extra. ZeRO-3 gathers weights before the forward and again
-before the backward and reduce-scatters gradients: ``(k-1)/k P (2 w + g)`` (1.5x an
+their slices: that all-gather is extra. So it is on our engine at ``optimizer`` even where every
+holder shards (it reduces slice by slice only at ``gradients``;
+``RuntimePreset.optimizer_sharding_all_reduces``). ZeRO-3 gathers weights before the forward
+and again before the backward and reduce-scatters gradients: ``(k-1)/k P (2 w + g)`` (1.5x an
 all-reduce; ZeRO section 7). FSDP prefetches the next layer's weights while the current one
 computes, so the gathers hide behind compute up to the stage's compute time; what does not hide
 is charged. That is the regime of "Memory and Bandwidth are All You Need for Fully Sharded Data
@@ -155,13 +157,17 @@ def apply(
     holder_bandwidth: Callable[[list[StageSpec]], float],
     gathered_layers: int | None = GATHERED_LAYERS,
     whole_grads: bool = False,
+    zero1_all_reduces: bool = False,
 ) -> list[DeviceEstimate]:
     """The devices' estimates with sharded stages' memory and synchronisation adjusted.
 
     ``gathered_layers`` is the runtime's (``RuntimePreset.gathered_layers``): with None, a
     ``full`` stage gathers its whole parameters once before the step (not before each forward
     and backward), so it moves what ``gradients`` moves and holds every layer's whole weights
-    during the step.
+    during the step. ``zero1_all_reduces``
+    (``RuntimePreset.optimizer_sharding_all_reduces``): at ``optimizer`` the runtime all-reduces
+    whole gradients even where every holder shards, so the gather of the updated slices is
+    charged on top, as where some holders do not shard.
     """
     out = list(devices)
     if not any(st.sharding is not Sharding.NONE for rep in plan.replicas for st in rep.stages):
@@ -208,11 +214,14 @@ def apply(
             master = master_bytes(model, training, layer, st.tp)
             kept = shard_of(weights, grads, opt, level, k, whole_grads, master)
             saved_bytes[i] += weights + grads + opt - kept
-            key = (layer, st.tp, timed, k, k == len(holders), bw)
+            # Slices reduced in place of the all-reduce only where every holder shards (and,
+            # at ``optimizer``, only where the runtime reduce-scatters there).
+            reduced = k == len(holders) and (timed.shards_gradients or not zero1_all_reduces)
+            key = (layer, st.tp, timed, k, reduced, bw)
             found = syncs.get(key)
             if found is None:
                 found = syncs[key] = sync_extra_s(
-                    model, training, layer, st.tp, timed, k, k == len(holders), bw
+                    model, training, layer, st.tp, timed, k, reduced, bw
                 )
             fixed, hideable = found
             extra_s[i] += fixed

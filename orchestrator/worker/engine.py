@@ -439,8 +439,12 @@ class StageEngine:
             self.sharding.scale_gradients(coefficient)
 
     def apply_update(self) -> None:
-        """The optimizer step of every layer this rank holds (stretched when emulated)."""
-        self.stretcher.run(self._update, self._sync, key="update")
+        """The optimizer step of every layer this rank holds (stretched when emulated), then the
+        sharded holders' gather of the updated slices: communication, which emulation does not
+        stretch (it is timed like the all-reduce, outside the rank's compute)."""
+        updated = self.stretcher.run(self._update, self._sync, key="update")
+        if updated and self.sharding is not None:
+            self.sharding.gather_updated(self.layers)
 
     def step_result(self, step: int, loss: float | None, start_s: float) -> StepResult:
         return StepResult(
@@ -488,19 +492,21 @@ class StageEngine:
         # Pinned host memory: the copy runs asynchronously, without a staging copy.
         return batch.pin_memory().to(self.device, non_blocking=True)
 
-    def _update(self) -> None:
+    def _update(self) -> bool:
+        """The optimizer steps; False when the step's update is skipped."""
         if self._skip_update:
-            return  # a non-finite step the job allows skipping (worker/finite.py)
+            return False  # a non-finite step the job allows skipping (worker/finite.py)
         if self.scaling is not None:
             if self.scaling.overflowed:
-                return  # fp16 overflow somewhere: every rank skips this step
+                return False  # fp16 overflow somewhere: every rank skips this step
             self.scaling.unscale_(self._grads())
         learning_rate = self.recipe.learning_rate_at(self._step)
         for opt in self.optimizers.values():
             set_learning_rate(opt, learning_rate)
             opt.step()
         if self.sharding is not None:
-            self.sharding.step(self.layers, learning_rate)
+            self.sharding.update_slices(learning_rate)
+        return True
 
     def _grads(self) -> list[torch.Tensor | None]:
         return [p.grad for layer in self.layers.values() for p in layer.parameters()]

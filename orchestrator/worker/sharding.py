@@ -279,6 +279,12 @@ class ShardedState:
     def step(self, layers: dict[int, nn.Module], learning_rate: float | None = None) -> None:
         """Update this rank's slices (at ``learning_rate``, the schedule's value for the step),
         then gather every slice into the whole parameters."""
+        self.update_slices(learning_rate)
+        self.gather_updated(layers)
+
+    def update_slices(self, learning_rate: float | None = None) -> None:
+        """The optimizer step on this rank's slices (compute: an emulated device stretches
+        it); :meth:`gather_updated` then brings the whole parameters back (communication)."""
         for g in self.groups:
             assert g.master is not None and g.optimizer is not None
             assert g.grad_slice is not None, "after_backward() before step()"
@@ -290,8 +296,14 @@ class ShardedState:
             for piece in g.pieces:
                 piece.grad = None
             g.grad_slice = None
+
+    def gather_updated(self, layers: dict[int, nn.Module]) -> None:
+        """Gather every holder's updated slice into the whole parameters (collective over each
+        group's sharded holders, after :meth:`update_slices`); ``full`` groups are gathered at
+        their next use instead (:meth:`ensure_whole`)."""
+        for g in self.groups:
             if g.shards_parameters:
-                continue  # gathered at the next use (:meth:`ensure_whole`)
+                continue
             flat = self._gather(g)
             offset = 0
             with torch.no_grad():

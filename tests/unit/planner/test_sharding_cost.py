@@ -183,3 +183,20 @@ def test_on_our_engine_sharding_gradients_saves_no_peak_memory_over_the_optimize
 
     assert memory("gradients", ORCHESTRATOR) == pytest.approx(memory("optimizer", ORCHESTRATOR))
     assert memory("gradients", FSDP_LIKE) < memory("optimizer", FSDP_LIKE)
+
+
+def test_our_optimizer_sharding_pays_the_gather_on_top_of_the_all_reduce() -> None:
+    # worker/sharding.py: at ``optimizer`` every holder all-reduces whole gradients, then the
+    # holders gather the updated slices; only ``gradients`` reduces slice by slice. So the
+    # gather, (k - 1) / k of the weights over the link, adds to plain data parallel's traffic.
+    bandwidth = 1e3
+    reduce_scatter = replace(ORCHESTRATOR, optimizer_sharding_all_reduces=False)
+    zero1 = _estimate(_plan("optimizer"), bandwidth, ORCHESTRATOR).devices[0]
+    plain = _estimate(_plan("none"), bandwidth, ORCHESTRATOR).devices[0]
+    zero1_rs = _estimate(_plan("optimizer"), bandwidth, reduce_scatter).devices[0]
+    m, t = model(2), training(3)
+    gather_s = sum(2 / 3 * state_parts_bytes(m, t, i, 1)[0] / bandwidth for i in range(4))
+    assert gather_s > 0
+    assert zero1.allreduce_s == pytest.approx(plain.allreduce_s + gather_s)
+    # reduce-scatter + all-gather move what the all-reduce moves (fp32: weights = gradients)
+    assert zero1_rs.allreduce_s == pytest.approx(plain.allreduce_s)
