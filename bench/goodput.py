@@ -19,7 +19,13 @@ count at its start, so steps trained again after a restart count once). Also: th
 time. Target: ours >= 0.9.
 
 Ours: the elastic controller actor (``orchestrator.runtime.elastic``) planning from profiles
-measured on the cluster. Ray Train: ``TorchTrainer`` with ``ScalingConfig(num_workers=(nodes - 1,
+measured on the cluster. Our replacement nodes boot at nice 19 until an actor there starts to
+train, labelled in the output: an emulation of a new machine booting on its own CPU, as it would
+on a real cluster, where here it shares the two cores with the training ranks
+(``runtime/local_nodes.py``; ``--boot-at-normal-priority`` turns it off). Ray Train's
+replacements boot at normal priority (its workers have no hook to end the low-priority boot).
+
+Ray Train: ``TorchTrainer`` with ``ScalingConfig(num_workers=(nodes - 1,
 nodes))`` (elastic in Ray Train v2: ``RAY_TRAIN_V2_ENABLED=1``) and ``FailureConfig(max_failures=
 --kills + 2)``, rank 0 checkpointing every ``--checkpoint-interval`` steps through
 ``ray.train.report`` (bench/_raytrain_recovery.py), run with ``RAY_TRAIN_WORKER_GROUP_START_
@@ -96,8 +102,9 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
             work / "profiles", work / "profile-cache", out=lambda s: None,
         )  # fmt: skip
         timeline, summary = run_ours(
-            cluster, job_file, schedule, warmup_steps=args.warmup_steps, limit_s=LIMIT_S, log=log
-        )
+            cluster, job_file, schedule, warmup_steps=args.warmup_steps, limit_s=LIMIT_S, log=log,
+            low_priority_boot=not args.boot_at_normal_priority,
+        )  # fmt: skip
         out = figures(timeline, schedule, GLOBAL_BATCH)
         out["recoveries"] = [
             (round(float(r["recovery_s"]), 2), r["lost_steps"]) for r in summary["recoveries"]
@@ -201,6 +208,11 @@ def report(results: dict[str, dict[str, Any]], schedule: Schedule) -> None:
             ratio, n = r["warm_up_step_slowdown"]
             log(f"  {name}: median step while a joiner warms / reference step: "
                 f"{_fmt(ratio, '.2f')} ({n} steps); warm-ups, s: {r['warm_ups']}")  # fmt: skip
+        if any(r.get("replacements_booted_niced", [])):
+            log(f"  {name}: replacements booted at nice 19 until they trained (emulated: a new "
+                f"machine boots on its own CPU): {r['replacements_booted_niced']}")  # fmt: skip
+        elif "replacements_booted_niced" in r and name == "ours":
+            log(f"  {name}: replacements booted at normal priority on the shared cores")
         if "steps_lost_by_controller" in r:
             log(f"  {name}: steps lost by the controller's count: {r['steps_lost_by_controller']}")
         if r.get("switch_costs_s"):
@@ -224,6 +236,12 @@ def main() -> None:
     parser.add_argument("--raytrain-only", action="store_true")
     parser.add_argument(
         "--raytrain-defaults", action="store_true", help="Ray Train's 60 s group start timeout"
+    )
+    parser.add_argument(
+        "--boot-at-normal-priority",
+        action="store_true",
+        help="our replacement nodes boot at normal priority on the shared cores (default: nice "
+        "19 until they train, emulating a new machine booting on its own CPU)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()

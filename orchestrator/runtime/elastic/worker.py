@@ -169,7 +169,11 @@ class ElasticWorker(_Base):  # type: ignore[misc]
     def reform(self, *args: Any) -> dict[str, Any]:
         """Become a rank of a new plan: :meth:`_reform`'s arguments, under the build lock."""
         from orchestrator.runtime.elastic.background import hurry
+        from orchestrator.runtime.local_nodes import end_emulated_boot
 
+        # On an emulated node that booted at low priority, training starts here at the normal
+        # priority (emulation only: see runtime/local_nodes.py); first, so hurry() raises too.
+        end_emulated_boot()
         hurry()  # a warm-up still running at low priority: this switch waits for it
         with self._build_lock:
             return self._reform(*args)
