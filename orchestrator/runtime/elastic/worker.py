@@ -259,11 +259,10 @@ class ElasticWorker(_Base):  # type: ignore[misc]
     def leave_group(self) -> None:
         """Leave the torch process groups now, keeping the engine and its layers (its step has
         returned; the re-formation builds new groups): peers still waiting on this rank in a
-        collective see the connection close and fail at once."""
-        import torch.distributed as dist
-
-        if self._engine is not None and dist.is_initialized():
-            dist.destroy_process_group()
+        collective or a point-to-point exchange see the connection close and fail at once
+        (the engine drops its handles to the subgroups too: see ``StageEngine.leave_groups``)."""
+        if self._engine is not None:
+            self._engine.leave_groups()
 
     def settle(self, committed_steps: int) -> None:
         """Apply the pending update if its step is committed, else drop it (a shard group's
