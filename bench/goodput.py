@@ -125,6 +125,7 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
             breakdown(timeline.rows, spans, timeline.started_s, ref_end, step_s).values()
         )
         out["warm_up_step_slowdown"] = step_slowdown(timeline.rows, spans, "warm-up", step_s)
+        out["checkpoints_s"] = _checkpoint_seconds(summary["events"], timeline.started_s, ref_end)
         out["warm_ups"] = [
             {k: e["data"].get(k) for k in ("start_s", "import_s", "build_s", "total_s")}
             for e in summary["events"]
@@ -139,6 +140,25 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _checkpoint_seconds(
+    events: list[dict[str, Any]], started_s: float, ref_end_s: float
+) -> dict[str, tuple[int, float, float]]:
+    """Checkpoints saved in the reference window and after it: (count, median s, max s)."""
+    out: dict[str, tuple[int, float, float]] = {}
+    for name, keep in (
+        ("reference", lambda t: started_s <= t < ref_end_s),
+        ("failures", lambda t: t >= ref_end_s),
+    ):
+        took = sorted(
+            float(e["data"]["duration_s"])
+            for e in events
+            if e["kind"] == "checkpoint" and "duration_s" in e["data"] and keep(e["time_s"])
+        )
+        if took:
+            out[name] = (len(took), round(took[len(took) // 2], 3), round(took[-1], 3))
+    return out
 
 
 def raytrain(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, Any]:
@@ -208,6 +228,8 @@ def report(results: dict[str, dict[str, Any]], schedule: Schedule) -> None:
             ratio, n = r["warm_up_step_slowdown"]
             log(f"  {name}: median step while a joiner warms / reference step: "
                 f"{_fmt(ratio, '.2f')} ({n} steps); warm-ups, s: {r['warm_ups']}")  # fmt: skip
+        if r.get("checkpoints_s"):
+            log(f"  {name}: checkpoints saved (count, median s, max s): {r['checkpoints_s']}")
         if any(r.get("replacements_booted_niced", [])):
             log(f"  {name}: replacements booted at nice 19 until they trained (emulated: a new "
                 f"machine boots on its own CPU): {r['replacements_booted_niced']}")  # fmt: skip
