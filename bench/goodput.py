@@ -126,6 +126,12 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
         )
         out["warm_up_step_slowdown"] = step_slowdown(timeline.rows, spans, "warm-up", step_s)
         out["checkpoints_s"] = _checkpoint_seconds(summary["events"], timeline.started_s, ref_end)
+        # The same survivors' steps before the joiner warms (after the recovery, before the
+        # warm-up): what a warm-up's steps should be compared with, as they run on one node
+        # fewer than the reference window's.
+        out["survivors_alone_step_slowdown"] = step_slowdown(
+            timeline.rows, _alone_spans(spans), "alone", step_s
+        )
         out["warm_ups"] = [
             {k: e["data"].get(k) for k in ("start_s", "import_s", "build_s", "total_s")}
             for e in summary["events"]
@@ -140,6 +146,18 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _alone_spans(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """From each recovery's first step to the next warm-up's start: the survivors train alone."""
+    warms = sorted(s0 for s0, _, cause in spans if cause == "warm-up")
+    out = []
+    for _, end, cause in spans:
+        if cause == "recovery":
+            nxt = next((w for w in warms if w > end), None)
+            if nxt is not None:
+                out.append((end, nxt, "alone"))
+    return out
 
 
 def _checkpoint_seconds(
@@ -228,6 +246,10 @@ def report(results: dict[str, dict[str, Any]], schedule: Schedule) -> None:
             ratio, n = r["warm_up_step_slowdown"]
             log(f"  {name}: median step while a joiner warms / reference step: "
                 f"{_fmt(ratio, '.2f')} ({n} steps); warm-ups, s: {r['warm_ups']}")  # fmt: skip
+        if r.get("survivors_alone_step_slowdown"):
+            ratio, n = r["survivors_alone_step_slowdown"]
+            log(f"  {name}: median step of the survivors alone (after a recovery, before the "
+                f"joiner warms) / reference step: {_fmt(ratio, '.2f')} ({n} steps)")  # fmt: skip
         if r.get("checkpoints_s"):
             log(f"  {name}: checkpoints saved (count, median s, max s): {r['checkpoints_s']}")
         if any(r.get("replacements_booted_niced", [])):
