@@ -53,6 +53,7 @@ class Timeline:
     replaced_s: list[float] = field(default_factory=list)
     killed_nodes: list[str] = field(default_factory=list)
     add_failures: list[str] = field(default_factory=list)  # replacements that did not start
+    boot_niced: list[bool] = field(default_factory=list)  # each replacement booted at nice 19
     error: str | None = None
 
 
@@ -74,8 +75,13 @@ def drive(
     limit_s: float,
     log: Callable[[str], None],
     name: str,
+    low_priority_boot: bool = False,
 ) -> Timeline:
-    """Poll the run until ``warmup_steps`` are committed, then follow the schedule."""
+    """Poll the run until ``warmup_steps`` are committed, then follow the schedule.
+
+    ``low_priority_boot``: each replacement's processes start at nice 19 until an actor there
+    starts to train (emulation of a new machine booting on its own CPU, runtime/local_nodes.py).
+    """
     t = Timeline()
     deadline = time.monotonic() + limit_s
     while not (rows() and rows()[-1][1] >= warmup_steps):
@@ -103,12 +109,13 @@ def drive(
         if pending_adds and now >= pending_adds[0][0]:
             _, kind = pending_adds.pop(0)
             try:
-                cluster.add(kind)
+                node = cluster.add(kind, low_priority_boot=low_priority_boot)
             except Exception as exc:  # a raylet that does not register in 30 s on a busy host
                 t.add_failures.append(f"{now - t.started_s:.0f} s: {str(exc)[:80]}")
                 log(f"  {name}: the replacement node did not start: {str(exc)[:80]}")
             else:
                 t.replaced_s.append(time.time())
+                t.boot_niced.append(node.boot_niced)
         if ended:
             t.error = f"{name}'s run ended before the schedule did"
             break
@@ -127,6 +134,7 @@ def run_ours(
     warmup_steps: int,
     limit_s: float,
     log: Callable[[str], None],
+    low_priority_boot: bool = False,
 ) -> tuple[Timeline, dict[str, Any]]:
     """Our controller actor through the schedule; also its run summary at the end."""
     from orchestrator.runtime.elastic.controller_actor import RunHandle
@@ -145,7 +153,8 @@ def run_ours(
 
     try:
         timeline = drive(cluster, schedule, poll, lambda: seen, warmup_steps=warmup_steps,
-                         limit_s=limit_s, log=log, name="ours")  # fmt: skip
+                         limit_s=limit_s, log=log, name="ours",
+                         low_priority_boot=low_priority_boot)  # fmt: skip
         summary = handle.status().to_json()
     finally:
         handle.stop()
@@ -305,4 +314,5 @@ def figures(t: Timeline, schedule: Schedule, global_batch: int) -> dict[str, Any
         out["error"] = t.error
     if t.add_failures:
         out["replacements_not_started"] = t.add_failures
+    out["replacements_booted_niced"] = t.boot_niced
     return out

@@ -19,7 +19,13 @@ count at its start, so steps trained again after a restart count once). Also: th
 time. Target: ours >= 0.9.
 
 Ours: the elastic controller actor (``orchestrator.runtime.elastic``) planning from profiles
-measured on the cluster. Ray Train: ``TorchTrainer`` with ``ScalingConfig(num_workers=(nodes - 1,
+measured on the cluster. Our replacement nodes boot at nice 19 until an actor there starts to
+train, labelled in the output: an emulation of a new machine booting on its own CPU, as it would
+on a real cluster, where here it shares the two cores with the training ranks
+(``runtime/local_nodes.py``; ``--boot-at-normal-priority`` turns it off). Ray Train's
+replacements boot at normal priority (its workers have no hook to end the low-priority boot).
+
+Ray Train: ``TorchTrainer`` with ``ScalingConfig(num_workers=(nodes - 1,
 nodes))`` (elastic in Ray Train v2: ``RAY_TRAIN_V2_ENABLED=1``) and ``FailureConfig(max_failures=
 --kills + 2)``, rank 0 checkpointing every ``--checkpoint-interval`` steps through
 ``ray.train.report`` (bench/_raytrain_recovery.py), run with ``RAY_TRAIN_WORKER_GROUP_START_
@@ -96,8 +102,9 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
             work / "profiles", work / "profile-cache", out=lambda s: None,
         )  # fmt: skip
         timeline, summary = run_ours(
-            cluster, job_file, schedule, warmup_steps=args.warmup_steps, limit_s=LIMIT_S, log=log
-        )
+            cluster, job_file, schedule, warmup_steps=args.warmup_steps, limit_s=LIMIT_S, log=log,
+            low_priority_boot=not args.boot_at_normal_priority,
+        )  # fmt: skip
         out = figures(timeline, schedule, GLOBAL_BATCH)
         out["recoveries"] = [
             (round(float(r["recovery_s"]), 2), r["lost_steps"]) for r in summary["recoveries"]
@@ -118,6 +125,13 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
             breakdown(timeline.rows, spans, timeline.started_s, ref_end, step_s).values()
         )
         out["warm_up_step_slowdown"] = step_slowdown(timeline.rows, spans, "warm-up", step_s)
+        out["checkpoints_s"] = _checkpoint_seconds(summary["events"], timeline.started_s, ref_end)
+        # The same survivors' steps before the joiner warms (after the recovery, before the
+        # warm-up): what a warm-up's steps should be compared with, as they run on one node
+        # fewer than the reference window's.
+        out["survivors_alone_step_slowdown"] = step_slowdown(
+            timeline.rows, _alone_spans(spans), "alone", step_s
+        )
         out["warm_ups"] = [
             {k: e["data"].get(k) for k in ("start_s", "import_s", "build_s", "total_s")}
             for e in summary["events"]
@@ -132,6 +146,37 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _alone_spans(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """From each recovery's first step to the next warm-up's start: the survivors train alone."""
+    warms = sorted(s0 for s0, _, cause in spans if cause == "warm-up")
+    out = []
+    for _, end, cause in spans:
+        if cause == "recovery":
+            nxt = next((w for w in warms if w > end), None)
+            if nxt is not None:
+                out.append((end, nxt, "alone"))
+    return out
+
+
+def _checkpoint_seconds(
+    events: list[dict[str, Any]], started_s: float, ref_end_s: float
+) -> dict[str, tuple[int, float, float]]:
+    """Checkpoints saved in the reference window and after it: (count, median s, max s)."""
+    out: dict[str, tuple[int, float, float]] = {}
+    for name, keep in (
+        ("reference", lambda t: started_s <= t < ref_end_s),
+        ("failures", lambda t: t >= ref_end_s),
+    ):
+        took = sorted(
+            float(e["data"]["duration_s"])
+            for e in events
+            if e["kind"] == "checkpoint" and "duration_s" in e["data"] and keep(e["time_s"])
+        )
+        if took:
+            out[name] = (len(took), round(took[len(took) // 2], 3), round(took[-1], 3))
+    return out
 
 
 def raytrain(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, Any]:
@@ -201,6 +246,17 @@ def report(results: dict[str, dict[str, Any]], schedule: Schedule) -> None:
             ratio, n = r["warm_up_step_slowdown"]
             log(f"  {name}: median step while a joiner warms / reference step: "
                 f"{_fmt(ratio, '.2f')} ({n} steps); warm-ups, s: {r['warm_ups']}")  # fmt: skip
+        if r.get("survivors_alone_step_slowdown"):
+            ratio, n = r["survivors_alone_step_slowdown"]
+            log(f"  {name}: median step of the survivors alone (after a recovery, before the "
+                f"joiner warms) / reference step: {_fmt(ratio, '.2f')} ({n} steps)")  # fmt: skip
+        if r.get("checkpoints_s"):
+            log(f"  {name}: checkpoints saved (count, median s, max s): {r['checkpoints_s']}")
+        if any(r.get("replacements_booted_niced", [])):
+            log(f"  {name}: replacements booted at nice 19 until they trained (emulated: a new "
+                f"machine boots on its own CPU): {r['replacements_booted_niced']}")  # fmt: skip
+        elif "replacements_booted_niced" in r and name == "ours":
+            log(f"  {name}: replacements booted at normal priority on the shared cores")
         if "steps_lost_by_controller" in r:
             log(f"  {name}: steps lost by the controller's count: {r['steps_lost_by_controller']}")
         if r.get("switch_costs_s"):
@@ -224,6 +280,12 @@ def main() -> None:
     parser.add_argument("--raytrain-only", action="store_true")
     parser.add_argument(
         "--raytrain-defaults", action="store_true", help="Ray Train's 60 s group start timeout"
+    )
+    parser.add_argument(
+        "--boot-at-normal-priority",
+        action="store_true",
+        help="our replacement nodes boot at normal priority on the shared cores (default: nice "
+        "19 until they train, emulating a new machine booting on its own CPU)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()

@@ -360,7 +360,8 @@ def _on_stragglers(
         ctx.record(
             EventKind.STRAGGLER,
             f"replica {st.replica} stage {st.stage} ({st.device_type} on {node}) runs "
-            f"{st.slowdown_factor:.2f}x slower than planned",
+            f"{st.slowdown_factor:.2f}x slower than the other stages, each against its "
+            "baseline",
             replica=st.replica,
             stage=st.stage,
             node=node,
@@ -410,7 +411,7 @@ def _on_speedups(
         ctx.record(
             EventKind.SPEEDUP,
             f"replica {sp.replica} stage {sp.stage} ({sp.device_type} on {node}) runs "
-            f"{1.0 / sp.factor:.2f}x faster than it measured",
+            f"{1.0 / sp.factor:.2f}x faster than it measured (beyond the other stages)",
             replica=sp.replica,
             stage=sp.stage,
             node=node,

@@ -21,7 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS, crash_node
+from orchestrator.runtime.local_nodes import (
+    FAST_HEALTH_CHECKS,
+    booting_at_low_priority,
+    crash_node,
+)
 from orchestrator.runtime.local_ray import (
     PrivateRayEnv,
     child_pids,
@@ -70,6 +74,7 @@ class ClusterNode:
     node_id: str
     handle: Any  # ray._private.node.Node
     alive: bool = True
+    boot_niced: bool = False  # started at low priority (emulation of a machine of its own)
 
 
 class LocalCluster:
@@ -119,16 +124,25 @@ class LocalCluster:
             self.add(kind, wait=False)
         self._cluster.wait_for_nodes()
 
-    def add(self, kind: NodeKind, wait: bool = True) -> ClusterNode:
-        """Start one more node of ``kind`` (call from the main thread)."""
-        handle = self._cluster.add_node(
-            num_cpus=kind.num_devices,
-            labels=kind.labels(),
-            object_store_memory=OBJECT_STORE_BYTES,
-            temp_dir=self.temp_dir,
-            wait=wait,
-        )
-        node = ClusterNode(kind, str(handle.node_id), handle)
+    def add(
+        self, kind: NodeKind, wait: bool = True, low_priority_boot: bool = False
+    ) -> ClusterNode:
+        """Start one more node of ``kind`` (call from the main thread).
+
+        ``low_priority_boot``: emulate a new machine booting on its own CPU (its processes start
+        at nice 19 until an actor there starts to train; ``runtime/local_nodes.py``);
+        :attr:`ClusterNode.boot_niced` says whether it applied.
+        """
+        boot = booting_at_low_priority() if low_priority_boot else contextlib.nullcontext(False)
+        with boot as niced:
+            handle = self._cluster.add_node(
+                num_cpus=kind.num_devices,
+                labels=kind.labels(),
+                object_store_memory=OBJECT_STORE_BYTES,
+                temp_dir=self.temp_dir,
+                wait=wait,
+            )
+        node = ClusterNode(kind, str(handle.node_id), handle, boot_niced=bool(niced))
         self.nodes.append(node)
         return node
 

@@ -570,6 +570,30 @@ class StageEngine:
         if self.sharding is not None:
             self.sharding.load(self.layers, states)
 
+    def leave_groups(self) -> None:
+        """Leave every process group now and drop this engine's handles to them, keeping the
+        layers, optimizers and sharding layout (for exports and a re-formation, which builds new
+        groups). Why the handles: gloo closes a group's connections only when the last reference
+        to it goes, and ``destroy_process_group`` alone leaves a subgroup this engine still holds
+        (gradient, tied, shard groups) connected, so a peer waiting on this rank there would
+        wait out its timeout; with the handles gone it fails at once with a closed connection.
+        Tensor-parallel meshes live in the layers' parameters and stay until the layers go."""
+        import gc
+
+        if self.grad_sync is not None:
+            self.grad_sync.close()
+        self.grad_sync = None
+        self.groups = None
+        self.runner = None
+        if self.tied is not None:
+            self.tied.groups = []
+        if self.sharding is not None:
+            for g in self.sharding.groups:
+                g.all_handle = g.sharded_handle = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()  # the groups' last references may sit in reference cycles
+
     def shutdown(self) -> None:
         """Leave the process groups (safe to call twice)."""
         if self.grad_sync is not None:

@@ -169,7 +169,11 @@ class ElasticWorker(_Base):  # type: ignore[misc]
     def reform(self, *args: Any) -> dict[str, Any]:
         """Become a rank of a new plan: :meth:`_reform`'s arguments, under the build lock."""
         from orchestrator.runtime.elastic.background import hurry
+        from orchestrator.runtime.local_nodes import end_emulated_boot
 
+        # On an emulated node that booted at low priority, training starts here at the normal
+        # priority (emulation only: see runtime/local_nodes.py); first, so hurry() raises too.
+        end_emulated_boot()
         hurry()  # a warm-up still running at low priority: this switch waits for it
         with self._build_lock:
             return self._reform(*args)
@@ -255,11 +259,10 @@ class ElasticWorker(_Base):  # type: ignore[misc]
     def leave_group(self) -> None:
         """Leave the torch process groups now, keeping the engine and its layers (its step has
         returned; the re-formation builds new groups): peers still waiting on this rank in a
-        collective see the connection close and fail at once."""
-        import torch.distributed as dist
-
-        if self._engine is not None and dist.is_initialized():
-            dist.destroy_process_group()
+        collective or a point-to-point exchange see the connection close and fail at once
+        (the engine drops its handles to the subgroups too: see ``StageEngine.leave_groups``)."""
+        if self._engine is not None:
+            self._engine.leave_groups()
 
     def settle(self, committed_steps: int) -> None:
         """Apply the pending update if its step is committed, else drop it (a shard group's

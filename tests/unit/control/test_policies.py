@@ -148,7 +148,53 @@ def test_straggler_needs_a_persistent_slowdown_against_a_learned_baseline():
 
 
 def test_straggler_uses_predicted_baselines_when_given():
-    detector = StragglerDetector.with_predictions({(0, 0): 0.5}, window=2, warmup_steps=0)
-    assert detector.observe(_timings(0.6)) == []  # 1.2x: below the 1.3 threshold
-    found = detector.observe(_timings(0.8)) + detector.observe(_timings(0.8))
+    detector = StragglerDetector.with_predictions(
+        {(0, 0): 0.5, (0, 1): 1.0}, window=2, warmup_steps=0
+    )
+    assert detector.observe(_timings(0.6, 1.0)) == []  # 1.2x: below the 1.3 threshold
+    found = detector.observe(_timings(0.8, 1.0)) + detector.observe(_timings(0.8, 1.0))
     assert len(found) == 1 and found[0].slowdown_factor == pytest.approx(1.6)
+
+
+def _run(detector: StragglerDetector, steps: int, *compute_s: float) -> list:
+    found = []
+    for _ in range(steps):
+        found += detector.observe(_timings(*compute_s))
+    return found
+
+
+def test_a_slowdown_of_every_rank_alike_is_not_a_straggler():
+    # Host contention: every stage 1.3x (then 2x) slower than its learned baseline at once.
+    detector = StragglerDetector(window=3, threshold=1.3, warmup_steps=0)
+    assert _run(detector, 3, 1.0, 0.5, 2.0) == []  # baselines 1.0, 0.5, 2.0
+    assert _run(detector, 10, 1.35, 0.675, 2.7) == []
+    assert _run(detector, 10, 2.0, 1.0, 4.0) == []
+    # Against predictions too: the cost model off by 1.4x for every stage alike.
+    predicted = StragglerDetector.with_predictions({(0, 0): 1.0, (0, 1): 1.0}, window=3)
+    assert _run(predicted, 10, 1.4, 1.4) == []
+
+
+def test_one_rank_slower_than_the_others_is_a_straggler_even_under_host_contention():
+    detector = StragglerDetector(window=3, threshold=1.3, warmup_steps=0)
+    _run(detector, 3, 1.0, 1.0, 1.0)
+    found = _run(detector, 3, 1.0, 1.5, 1.0)  # one rank 1.5x slower than the others
+    assert [(s.stage, s.slowdown_factor) for s in found] == [(1, pytest.approx(1.5))]
+    # Every rank 1.3x slower from the host, and one 1.5x slower again: found, at its own 1.5x.
+    detector = StragglerDetector(window=3, threshold=1.3, warmup_steps=0)
+    _run(detector, 3, 1.0, 1.0, 1.0)
+    found = _run(detector, 3, 1.3, 1.95, 1.3)
+    assert [(s.stage, s.slowdown_factor) for s in found] == [(1, pytest.approx(1.5))]
+    assert found[0].measured_s == pytest.approx(1.95)
+
+
+def test_up_to_half_the_ranks_slow_are_each_found():
+    detector = StragglerDetector(window=3, threshold=1.3, warmup_steps=0)
+    _run(detector, 3, 1.0, 1.0, 1.0, 1.0)
+    found = _run(detector, 3, 1.0, 2.0, 2.0, 1.0)
+    assert sorted((s.stage, round(s.slowdown_factor, 6)) for s in found) == [(1, 2.0), (2, 2.0)]
+
+
+def test_a_stage_alone_is_never_a_straggler():
+    detector = StragglerDetector(window=3, threshold=1.3, warmup_steps=0)
+    _run(detector, 3, 1.0)
+    assert _run(detector, 10, 3.0) == []  # nothing to tell it from the host's slowdown

@@ -78,6 +78,27 @@ def test_a_stage_that_speeds_up_is_found_against_what_it_measured():
     assert detector.speedups() == []  # the new speed is the new normal: it fires once
 
 
+def test_every_stage_speeding_up_alike_is_the_host_not_a_speed_up():
+    detector = StragglerDetector(window=3, threshold=1.3)
+    for _ in range(4):  # warm-up step, then the measured window: 2 s each, the host busy
+        detector.observe(_timings(2.0, 2.0, 2.0))
+    for _ in range(5):  # the host quiet again: every stage twice as fast
+        detector.observe(_timings(1.0, 1.0, 1.0))
+    assert detector.speedups() == []
+    for _ in range(3):  # now one stage alone speeds up on top of that
+        detector.observe(_timings(1.0, 0.25, 1.0))
+    (found,) = detector.speedups()
+    assert (found.replica, found.factor) == (1, pytest.approx(0.25))
+
+
+def test_a_stage_alone_is_judged_against_what_it_measured():
+    detector = StragglerDetector(window=3, threshold=1.3)
+    for c in (3.0, 3.0, 3.0, 3.0, 1.0, 1.0, 1.0):
+        detector.observe(_timings(c))
+    (found,) = detector.speedups()
+    assert found.factor == pytest.approx(1 / 3)
+
+
 def test_a_small_speed_up_within_the_threshold_is_noise():
     detector = StragglerDetector(window=3, threshold=1.3)
     for c in (2.0, 2.0, 2.0, 2.0, 1.7, 1.7, 1.7):
