@@ -208,6 +208,27 @@ def _why_not_sharded(training: TrainingSpec, config: SearchConfig, *, unsharded_
     return ""
 
 
+def _fits_unsharded(plan: Plan, cluster: Cluster, tables: CostTables) -> bool | None:
+    """Whether a plan with sharded stages would fit with none sharded (None: it shards none)."""
+    if not is_sharded(plan):
+        return None
+    whole = plan.model_copy(
+        update={
+            "replicas": tuple(
+                r.model_copy(
+                    update={
+                        "stages": tuple(
+                            s.model_copy(update={"sharding": Sharding.NONE}) for s in r.stages
+                        )
+                    }
+                )
+                for r in plan.replicas
+            )
+        }
+    )
+    return estimate_with_tables(whole, cluster, tables).fits
+
+
 def make_plan(
     cluster: Cluster,
     model: ModelSpec,
@@ -297,8 +318,22 @@ def make_plan(
         )
         return None if sel is None else place(list(sel.groups), cluster, training.global_batch_size)
 
-    # Sharded pipeline stages: where the cost model says they pay, and where a device type (or
-    # the whole model) fits only sharded.
+    def place_anywhere(level: Sharding) -> Plan | None:
+        # Where an unsharded plan fits: pipelines that fit only sharded offered on every type,
+        # for a shape that wins only once sharded (fewer stages, fewer bubbles).
+        sel = _best_selection(
+            tables,
+            infos,
+            training,
+            replace(config, mixed=False),
+            sharded=level,
+            stranded=set(infos),
+            built=built,
+        )
+        return None if sel is None else place(list(sel.groups), cluster, training.global_batch_size)
+
+    # Sharded pipeline stages: where the cost model says they pay, where a device type (or
+    # the whole model) fits only sharded, and where a shape wins only sharded.
     piped = (
         None
         if not_tried
@@ -309,6 +344,7 @@ def make_plan(
             needed=unsharded is None or bool(stranded),
             place_sharded=place_sharded,
             pays=not config.sharded_only_if_needed,
+            place_anywhere=None if unsharded is None else place_anywhere,
         )
     )
     # Chosen only for a step MIN_GAIN shorter than unsharded (else only shown in the choices).
@@ -324,7 +360,12 @@ def make_plan(
         (c for c in candidates if c[1].fits),
         key=lambda c: (c[1].step_time_s, is_sharded(c[0]), c[0].to_json()),
     )
-    choices = (sharding_line(plan, unsharded, sharded, not_tried, piped), tp_line(plan))
+    choices = (
+        sharding_line(
+            plan, unsharded, sharded, not_tried, piped, _fits_unsharded(plan, cluster, tables)
+        ),
+        tp_line(plan),
+    )
     if estimate.step_time_s < bound.step_time_s * (1 - 1e-9):
         raise AssertionError(
             f"cost model bug: estimate {estimate.step_time_s:.6g} s is below the fluid bound "
