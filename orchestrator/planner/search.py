@@ -88,14 +88,19 @@ def _best_selection(
     sharded: Sharding | None = None,
     stranded: set[str] | None = None,
     built: dict[int, dict[str, list[Template]]] | None = None,
+    sizes: list[int] | None = None,
+    ranked_sizes: list[int] | None = None,
 ) -> Selection | None:
-    """Single-type templates at every microbatch size; two-type replicas on top of the few
-    microbatch sizes that did best (or of all, when single-type replicas found nothing).
+    """Single-type templates at every microbatch size (or at ``sizes``); mixed-type replicas
+    on top of the few microbatch sizes that did best (or of all, when single-type replicas
+    found nothing).
 
     ``sharded``: also offer pipelines that fit only sharded at that level, on the ``stranded``
     types when some are given (else every type), reusing the other types' templates from
     ``built``. Without ``sharded``, ``stranded`` receives the device types on which no
-    single-type pipeline fits at any size, and ``built`` the templates built."""
+    single-type pipeline fits at any size, and ``built`` the templates built.
+    ``ranked_sizes`` receives the microbatch sizes, those whose single-type selection did best
+    first."""
     offer = frozenset(stranded) if sharded is not None and stranded else None
     searches = {
         mbs: SelectionSearch(
@@ -108,7 +113,7 @@ def _best_selection(
             None if sharded is None or built is None else built.get(mbs),
             offer,
         )
-        for mbs in _microbatch_sizes(training)
+        for mbs in (_microbatch_sizes(training) if sizes is None else sizes)
     }
     if sharded is None and stranded is not None:
         stranded.update(
@@ -123,6 +128,8 @@ def _best_selection(
         return (0, sel.key, mbs) if sel is not None else (1, (), mbs)
 
     ranked = sorted(searches, key=rank)
+    if ranked_sizes is not None:
+        ranked_sizes.extend(ranked)
     if device_types is None:
         feasible = [m for m in ranked if found[m] is not None]
         for mbs in ranked if not feasible else feasible[: config.mixed_microbatch_sizes]:
@@ -262,7 +269,10 @@ def make_plan(
     )
     stranded: set[str] = set()
     built: dict[int, dict[str, list[Template]]] = {}
-    chosen = _best_selection(tables, infos, training, config, stranded=stranded, built=built)
+    ranked: list[int] = []
+    chosen = _best_selection(
+        tables, infos, training, config, stranded=stranded, built=built, ranked_sizes=ranked
+    )
     if chosen is None and not _may_shard(training, config):
         raise _nothing_fits(model, tables, infos)
     candidates = (
@@ -320,7 +330,8 @@ def make_plan(
 
     def place_anywhere(level: Sharding) -> Plan | None:
         # Where an unsharded plan fits: pipelines that fit only sharded offered on every type,
-        # for a shape that wins only once sharded (fewer stages, fewer bubbles).
+        # for a shape that wins only once sharded (fewer stages, fewer bubbles); at the
+        # microbatch sizes where the unsharded selections did best, as the mixed replicas are.
         sel = _best_selection(
             tables,
             infos,
@@ -329,6 +340,7 @@ def make_plan(
             sharded=level,
             stranded=set(infos),
             built=built,
+            sizes=ranked[: config.mixed_microbatch_sizes],
         )
         return None if sel is None else place(list(sel.groups), cluster, training.global_batch_size)
 

@@ -103,6 +103,19 @@ def levels_for(tables: CostTables) -> tuple[Sharding, ...]:
     return (Sharding.OPTIMIZER, Sharding.GRADIENTS, Sharding.FULL)
 
 
+def _dominated(level: Sharding, tables: CostTables) -> bool:
+    """Whether a lower level offers the same shapes at no more cost: on a runtime that holds
+    gradients whole at the step's peak and reduces sharded gradients only after the backward,
+    ``gradients`` keeps what ``optimizer`` keeps, moves what it moves, and blocks the
+    all-reduce besides."""
+    runtime = tables.runtime
+    return (
+        level is Sharding.GRADIENTS
+        and runtime.whole_gradients_at_peak
+        and runtime.blocks_sharded_reduction
+    )
+
+
 def sharded_pipelines(
     cluster: Cluster,
     tables: CostTables,
@@ -142,7 +155,7 @@ def sharded_pipelines(
         if unsharded is not None and pays:
             keep_greedy(*unsharded, level)
         searches = [place_sharded] if needed else []
-        if pays and place_anywhere is not None:
+        if pays and place_anywhere is not None and not _dominated(level, tables):
             searches.append(place_anywhere)
         for search in searches:
             plan = search(level)

@@ -131,19 +131,34 @@ def _p2p_bandwidth(a: TypeInfo, b: TypeInfo, one_type_devices: int | None) -> fl
     return min(a.network_share_bytes_per_s, b.network_share_bytes_per_s)
 
 
+def _state_parts(tables: CostTables, tp: int) -> list[tuple[float, float, float, float]]:
+    """Per layer on one of ``tp`` devices: (weights, gradients, optimizer, fp32 master) bytes,
+    kept with the solved shapes (each sharded solve reads them for every layer)."""
+    key = ("state parts", tp)
+    found = tables.templates.get(key)
+    if found is None:
+        model, training = tables.model, tables.training
+        found = [
+            (
+                *sharding.state_parts_bytes(model, training, layer, tp),
+                sharding.master_bytes(model, training, layer, tp),
+            )
+            for layer in range(model.num_planner_layers)
+        ]
+        tables.templates[key] = found
+    return cast("list[tuple[float, float, float, float]]", found)
+
+
 def sharded_state_table(
     tables: CostTables, table: LayerTable, level: Sharding, k: int
 ) -> LayerTable:
     """``table`` with each layer's state as one of ``k`` holders sharding it at ``level`` keeps
     it (``costmodel/sharding.py``: what it saves, plus under ``full`` the whole weights our
     runtime gathers for the step, or ``gathered_layers`` of them, charged by the caller)."""
-    model, training = tables.model, tables.training
     whole_weights = level is Sharding.FULL and tables.runtime.gathered_layers is None
+    whole_grads = tables.runtime.whole_gradients_at_peak
     states = []
-    for layer in range(model.num_planner_layers):
-        weights, grads, opt = sharding.state_parts_bytes(model, training, layer, table.tp)
-        master = sharding.master_bytes(model, training, layer, table.tp)
-        whole_grads = tables.runtime.whole_gradients_at_peak
+    for layer, (weights, grads, opt, master) in enumerate(_state_parts(tables, table.tp)):
         kept = sharding.shard_of(weights, grads, opt, level, k, whole_grads, master)
         held = table.state_bytes(layer, layer + 1) - (weights + grads + opt) + kept
         states.append(held + (weights if whole_weights else 0.0))
