@@ -215,6 +215,10 @@ def _why_not_sharded(training: TrainingSpec, config: SearchConfig, *, unsharded_
     return ""
 
 
+def _has_three_types(sel: Selection) -> bool:
+    return any(len({name for name, _ in g.template.stage_types}) >= 3 for g in sel.groups)
+
+
 def _fits_unsharded(plan: Plan, cluster: Cluster, tables: CostTables) -> bool | None:
     """Whether a plan with sharded stages would fit with none sharded (None: it shards none)."""
     if not is_sharded(plan):
@@ -284,6 +288,20 @@ def make_plan(
             )
         ]
     )
+
+    if chosen is not None and _has_three_types(chosen):
+        # The selection's score is not the full model's estimate: where it took a three-type
+        # replica, the plan without any is costed beside it, and the estimate decides.
+        two = replace(config, max_triple_depth_each=0)
+        without = _best_selection(tables, infos, training, two)
+        if without is not None:
+            candidates.append(
+                _costed(
+                    place(list(without.groups), cluster, training.global_batch_size),
+                    cluster,
+                    tables,
+                )
+            )
 
     fastest = max(sorted(bound.samples_per_s_by_type), key=lambda d: bound.samples_per_s_by_type[d])
     only = _best_selection(tables, infos, training, config, [fastest])

@@ -213,7 +213,16 @@ class SelectionSearch:
                 (tp1, tp2),
             )
         ]
-        candidates += self._triples(tps)
+        best = self._beam(sel, candidates)
+        # Three-type replicas in a beam of their own, on top of the two-type result: sharing
+        # the first beam would let their many shapes push out the two-type expansions.
+        triples = self._triples({d: [self._best_tp(d)] for d in self.infos})
+        return _better(best, self._beam(best, triples)) if triples else best
+
+    def _beam(self, sel: Selection | None, candidates: list[Template]) -> Selection | None:
+        """The best of ``sel`` and the selections found by adding ``candidates`` to it, a few
+        rounds of a beam search."""
+        cfg = self.config
         free = {d: i.num_devices for d, i in self.infos.items()}
         # Beam search: two-type replicas often pay off only in pairs (one absorbs what the other
         # leaves), so a round keeps its few best expansions even when they do not yet improve.
@@ -247,7 +256,8 @@ class SelectionSearch:
 
     def _triples(self, tps: dict[str, list[int]]) -> list[Template]:
         """Three-type replicas: every order of every three types, each type's stages
-        contiguous at its tp options (``tps``), up to ``max_triple_depth_each`` stages each."""
+        contiguous at its tp options (``tps``: the tp of its best pipeline alone), up to
+        ``max_triple_depth_each`` stages each."""
         depth = self.config.max_triple_depth_each
         if depth < 1 or len(self.infos) < 3:
             return []
