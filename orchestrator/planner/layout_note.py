@@ -18,9 +18,12 @@ def sharding_line(
     sharded: tuple[Plan, Estimate] | None,
     not_tried: str = "",
     piped: tuple[Plan, Estimate] | None = None,
+    fits_unsharded: bool | None = None,
 ) -> str:
     """One line: the sharding chosen (whole replicas sharded over every device, or pipeline
-    stages sharded across their replicas) and the costed alternative it beat."""
+    stages sharded across their replicas) and the costed alternative it beat;
+    ``fits_unsharded``: whether the chosen shape would fit with nothing sharded (None: not
+    known), said where it would not."""
     levels = sorted({s.sharding.value for r in chosen.replicas for s in r.stages} - {"none"})
     against = (
         f"{_s(unsharded[1].step_time_s)} for the best unsharded plan"
@@ -36,9 +39,10 @@ def sharding_line(
     if levels and piped is not None:
         stages = [s for r in chosen.replicas for s in r.stages]
         on = [s for s in stages if s.sharding is not Sharding.NONE]
+        only = "; this shape fits only sharded" if fits_unsharded is False else ""
         return (
             f"sharding: {', '.join(levels)} on {len(on)} of {len(stages)} pipeline stages "
-            f"(each across its pipeline's replicas), {_s(piped[1].step_time_s)} a step "
+            f"(each across its pipeline's replicas{only}), {_s(piped[1].step_time_s)} a step "
             f"against {against}"
         )
     if not_tried:

@@ -85,14 +85,19 @@ def _best_selection(
     sharded: Sharding | None = None,
     stranded: set[str] | None = None,
     built: dict[int, dict[str, list[Template]]] | None = None,
+    sizes: list[int] | None = None,
+    ranked_sizes: list[int] | None = None,
 ) -> Selection | None:
-    """Single-type templates at every microbatch size; two-type replicas on top of the few
-    microbatch sizes that did best (or of all, when single-type replicas found nothing).
+    """Single-type templates at every microbatch size (or at ``sizes``); mixed-type replicas
+    on top of the few microbatch sizes that did best (or of all, when single-type replicas
+    found nothing).
 
     ``sharded``: also offer pipelines that fit only sharded at that level, on the ``stranded``
     types when some are given (else every type), reusing the other types' templates from
     ``built``. Without ``sharded``, ``stranded`` receives the device types on which no
-    single-type pipeline fits at any size, and ``built`` the templates built."""
+    single-type pipeline fits at any size, and ``built`` the templates built.
+    ``ranked_sizes`` receives the microbatch sizes, those whose single-type selection did best
+    first."""
     offer = frozenset(stranded) if sharded is not None and stranded else None
     searches = {
         mbs: SelectionSearch(
@@ -105,7 +110,7 @@ def _best_selection(
             None if sharded is None or built is None else built.get(mbs),
             offer,
         )
-        for mbs in _microbatch_sizes(training)
+        for mbs in (_microbatch_sizes(training) if sizes is None else sizes)
     }
     if sharded is None and stranded is not None:
         stranded.update(
@@ -120,6 +125,8 @@ def _best_selection(
         return (0, sel.key, mbs) if sel is not None else (1, (), mbs)
 
     ranked = sorted(searches, key=rank)
+    if ranked_sizes is not None:
+        ranked_sizes.extend(ranked)
     if device_types is None:
         feasible = [m for m in ranked if found[m] is not None]
         for mbs in ranked if not feasible else feasible[: config.mixed_microbatch_sizes]:
@@ -205,6 +212,31 @@ def _why_not_sharded(training: TrainingSpec, config: SearchConfig, *, unsharded_
     return ""
 
 
+def _has_three_types(sel: Selection) -> bool:
+    return any(len({name for name, _ in g.template.stage_types}) >= 3 for g in sel.groups)
+
+
+def _fits_unsharded(plan: Plan, cluster: Cluster, tables: CostTables) -> bool | None:
+    """Whether a plan with sharded stages would fit with none sharded (None: it shards none)."""
+    if not is_sharded(plan):
+        return None
+    whole = plan.model_copy(
+        update={
+            "replicas": tuple(
+                r.model_copy(
+                    update={
+                        "stages": tuple(
+                            s.model_copy(update={"sharding": Sharding.NONE}) for s in r.stages
+                        )
+                    }
+                )
+                for r in plan.replicas
+            )
+        }
+    )
+    return estimate_with_tables(whole, cluster, tables).fits
+
+
 def make_plan(
     cluster: Cluster,
     model: ModelSpec,
@@ -244,7 +276,10 @@ def make_plan(
     )
     stranded: set[str] = set()
     built: dict[int, dict[str, list[Template]]] = {}
-    chosen = _best_selection(tables, infos, training, config, stranded=stranded, built=built)
+    ranked: list[int] = []
+    chosen = _best_selection(
+        tables, infos, training, config, stranded=stranded, built=built, ranked_sizes=ranked
+    )
     if chosen is None and not _may_shard(training, config):
         raise _nothing_fits(model, tables, infos)
     candidates = (
@@ -256,6 +291,20 @@ def make_plan(
             )
         ]
     )
+
+    if chosen is not None and _has_three_types(chosen):
+        # The selection's score is not the full model's estimate: where it took a three-type
+        # replica, the plan without any is costed beside it, and the estimate decides.
+        two = replace(config, max_triple_depth_each=0)
+        without = _best_selection(tables, infos, training, two)
+        if without is not None:
+            candidates.append(
+                _costed(
+                    place(list(without.groups), cluster, training.global_batch_size),
+                    cluster,
+                    tables,
+                )
+            )
 
     fastest = max(sorted(bound.samples_per_s_by_type), key=lambda d: bound.samples_per_s_by_type[d])
     only = _best_selection(tables, infos, training, config, [fastest])
@@ -300,8 +349,24 @@ def make_plan(
         )
         return None if sel is None else place(list(sel.groups), cluster, training.global_batch_size)
 
-    # Sharded pipeline stages: where the cost model says they pay, and where a device type (or
-    # the whole model) fits only sharded.
+    def place_anywhere(level: Sharding) -> Plan | None:
+        # Where an unsharded plan fits: pipelines that fit only sharded offered on every type,
+        # for a shape that wins only once sharded (fewer stages, fewer bubbles); at the
+        # microbatch sizes where the unsharded selections did best, as the mixed replicas are.
+        sel = _best_selection(
+            tables,
+            infos,
+            training,
+            replace(config, mixed=False),
+            sharded=level,
+            stranded=set(infos),
+            built=built,
+            sizes=ranked[: config.mixed_microbatch_sizes],
+        )
+        return None if sel is None else place(list(sel.groups), cluster, training.global_batch_size)
+
+    # Sharded pipeline stages: where the cost model says they pay, where a device type (or
+    # the whole model) fits only sharded, and where a shape wins only sharded.
     piped = (
         None
         if not_tried
@@ -312,6 +377,7 @@ def make_plan(
             needed=unsharded is None or bool(stranded),
             place_sharded=place_sharded,
             pays=not config.sharded_only_if_needed,
+            place_anywhere=None if unsharded is None else place_anywhere,
         )
     )
     # Chosen only for a step MIN_GAIN shorter than unsharded (else only shown in the choices).
@@ -327,7 +393,12 @@ def make_plan(
         (c for c in candidates if c[1].fits),
         key=lambda c: (c[1].step_time_s, is_sharded(c[0]), c[0].to_json()),
     )
-    choices = (sharding_line(plan, unsharded, sharded, not_tried, piped), tp_line(plan))
+    choices = (
+        sharding_line(
+            plan, unsharded, sharded, not_tried, piped, _fits_unsharded(plan, cluster, tables)
+        ),
+        tp_line(plan),
+    )
     if estimate.step_time_s < bound.step_time_s * (1 - 1e-9):
         raise AssertionError(
             f"cost model bug: estimate {estimate.step_time_s:.6g} s is below the fluid bound "

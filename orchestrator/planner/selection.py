@@ -18,6 +18,7 @@ from orchestrator.planner.batching import Group, selection_step_s
 from orchestrator.planner.templates import (
     Template,
     TypeInfo,
+    chained_templates,
     homogeneous_templates,
     mixed_templates,
 )
@@ -33,6 +34,10 @@ class SearchConfig:
     descent_rounds: int = 4
     mixed: bool = True
     max_mixed_depth_each: int = 8
+    # Three-type replicas (clusters of three or more types): stages per type at most this many
+    # (0: none). Kept small: every order of every triple times each type's tp degrees multiplies
+    # the templates.
+    max_triple_depth_each: int = 2
     mixed_rounds: int = 2
     mixed_beam_width: int = 8
     mixed_templates_per_round: int = 64
@@ -182,7 +187,8 @@ class SelectionSearch:
         return best
 
     def _with_mixed(self, sel: Selection | None) -> Selection | None:
-        """Add two-type replicas on top of ``sel``, one template per round (greedy)."""
+        """Add two-type (and, on three or more types, three-type) replicas on top of ``sel``,
+        one template per round (greedy)."""
         cfg = self.config
         total_devices = sum(i.num_devices for i in self.infos.values())
         stranded = any(not self.homogeneous[d] for d in self.infos)
@@ -207,6 +213,16 @@ class SelectionSearch:
                 (tp1, tp2),
             )
         ]
+        best = self._beam(sel, candidates)
+        # Three-type replicas in a beam of their own, on top of the two-type result: sharing
+        # the first beam would let their many shapes push out the two-type expansions.
+        triples = self._triples({d: [self._best_tp(d)] for d in self.infos})
+        return _better(best, self._beam(best, triples)) if triples else best
+
+    def _beam(self, sel: Selection | None, candidates: list[Template]) -> Selection | None:
+        """The best of ``sel`` and the selections found by adding ``candidates`` to it, a few
+        rounds of a beam search."""
+        cfg = self.config
         free = {d: i.num_devices for d, i in self.infos.items()}
         # Beam search: two-type replicas often pay off only in pairs (one absorbs what the other
         # leaves), so a round keeps its few best expansions even when they do not yet improve.
@@ -237,6 +253,20 @@ class SelectionSearch:
             keep = sorted(score_by_template, key=lambda i: (score_by_template[i], i))
             candidates = [candidates[i] for i in keep[: cfg.mixed_templates_per_round]]
         return best
+
+    def _triples(self, tps: dict[str, list[int]]) -> list[Template]:
+        """Three-type replicas: every order of every three types, each type's stages
+        contiguous at its tp options (``tps``: the tp of its best pipeline alone), up to
+        ``max_triple_depth_each`` stages each."""
+        depth = self.config.max_triple_depth_each
+        if depth < 1 or len(self.infos) < 3:
+            return []
+        return [
+            t
+            for order in itertools.permutations(sorted(self.infos), 3)
+            for degrees in itertools.product(*(tps[d] for d in order))
+            for t in chained_templates(self.tables, self.infos, order, self.mbs, depth, degrees)
+        ]
 
     def run(self, device_types: list[str] | None = None, mixed: bool = True) -> Selection | None:
         """Best selection using only ``device_types`` (default: all present)."""

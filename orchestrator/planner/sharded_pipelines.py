@@ -12,6 +12,9 @@ are a shard group for that stage's layers (``worker/topology.shard_groups``). Tw
 - *Where it is needed to fit*: single-type pipelines whose state fits a device only as one of
   ``k`` sharding holders (``templates.homogeneous_templates(sharded=...)``) join the selection,
   which keeps ``k`` replicas of such a shape or none.
+- *Where a shape wins only sharded*: the same selection, with those pipelines offered on every
+  device type even where an unsharded plan fits (a shallower pipeline, fewer bubbles, that fits
+  only with its state sharded across its replicas); then sharded where it pays as above.
 
 One level per plan (a layer's sharded holders must agree on it); tp-1 stages only (the engine
 shards tp-1 stages). Pure.
@@ -100,6 +103,19 @@ def levels_for(tables: CostTables) -> tuple[Sharding, ...]:
     return (Sharding.OPTIMIZER, Sharding.GRADIENTS, Sharding.FULL)
 
 
+def _dominated(level: Sharding, tables: CostTables) -> bool:
+    """Whether a lower level offers the same shapes at no more cost: on a runtime that holds
+    gradients whole at the step's peak and reduces sharded gradients only after the backward,
+    ``gradients`` keeps what ``optimizer`` keeps, moves what it moves, and blocks the
+    all-reduce besides."""
+    runtime = tables.runtime
+    return (
+        level is Sharding.GRADIENTS
+        and runtime.whole_gradients_at_peak
+        and runtime.blocks_sharded_reduction
+    )
+
+
 def sharded_pipelines(
     cluster: Cluster,
     tables: CostTables,
@@ -107,13 +123,16 @@ def sharded_pipelines(
     needed: bool,
     place_sharded: Callable[[Sharding], Plan | None],
     pays: bool = True,
+    place_anywhere: Callable[[Sharding], Plan | None] | None = None,
 ) -> tuple[Plan, Estimate] | None:
     """The fastest fitting plan with pipeline stages sharded (faster than ``unsharded`` or
     not: the caller compares), or None.
 
     ``unsharded``: the best unsharded plan (its stages sharded where it pays, when ``pays``);
     ``needed``: also search with pipelines that fit only sharded (``place_sharded(level)``: the
-    placed best selection with them offered, or None).
+    placed best selection with them offered, or None); ``place_anywhere``: with ``pays``, also
+    search with them offered on every device type (a shape that wins only once sharded, where
+    an unsharded plan fits too), its stages then sharded where it pays as well.
     """
     best: tuple[Plan, Estimate] | None = None
 
@@ -135,8 +154,11 @@ def sharded_pipelines(
     for level in levels_for(tables):
         if unsharded is not None and pays:
             keep_greedy(*unsharded, level)
-        if needed:
-            plan = place_sharded(level)
+        searches = [place_sharded] if needed else []
+        if pays and place_anywhere is not None and not _dominated(level, tables):
+            searches.append(place_anywhere)
+        for search in searches:
+            plan = search(level)
             if plan is not None:
                 est = estimate_with_tables(plan, cluster, tables)
                 keep((plan, est))

@@ -8,6 +8,7 @@ costs no more than choosing among a handful of templates.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import cast
@@ -130,19 +131,34 @@ def _p2p_bandwidth(a: TypeInfo, b: TypeInfo, one_type_devices: int | None) -> fl
     return min(a.network_share_bytes_per_s, b.network_share_bytes_per_s)
 
 
+def _state_parts(tables: CostTables, tp: int) -> list[tuple[float, float, float, float]]:
+    """Per layer on one of ``tp`` devices: (weights, gradients, optimizer, fp32 master) bytes,
+    kept with the solved shapes (each sharded solve reads them for every layer)."""
+    key = ("state parts", tp)
+    found = tables.templates.get(key)
+    if found is None:
+        model, training = tables.model, tables.training
+        found = [
+            (
+                *sharding.state_parts_bytes(model, training, layer, tp),
+                sharding.master_bytes(model, training, layer, tp),
+            )
+            for layer in range(model.num_planner_layers)
+        ]
+        tables.templates[key] = found
+    return cast("list[tuple[float, float, float, float]]", found)
+
+
 def sharded_state_table(
     tables: CostTables, table: LayerTable, level: Sharding, k: int
 ) -> LayerTable:
     """``table`` with each layer's state as one of ``k`` holders sharding it at ``level`` keeps
     it (``costmodel/sharding.py``: what it saves, plus under ``full`` the whole weights our
     runtime gathers for the step, or ``gathered_layers`` of them, charged by the caller)."""
-    model, training = tables.model, tables.training
     whole_weights = level is Sharding.FULL and tables.runtime.gathered_layers is None
+    whole_grads = tables.runtime.whole_gradients_at_peak
     states = []
-    for layer in range(model.num_planner_layers):
-        weights, grads, opt = sharding.state_parts_bytes(model, training, layer, table.tp)
-        master = sharding.master_bytes(model, training, layer, table.tp)
-        whole_grads = tables.runtime.whole_gradients_at_peak
+    for layer, (weights, grads, opt, master) in enumerate(_state_parts(tables, table.tp)):
         kept = sharding.shard_of(weights, grads, opt, level, k, whole_grads, master)
         held = table.state_bytes(layer, layer + 1) - (weights + grads + opt) + kept
         states.append(held + (weights if whole_weights else 0.0))
@@ -333,6 +349,43 @@ def homogeneous_templates(
     return out
 
 
+def chained_templates(
+    tables: CostTables,
+    infos: dict[str, TypeInfo],
+    types: tuple[str, ...],
+    microbatch_size: int,
+    max_depth_each: int,
+    tps: tuple[int, ...],
+) -> list[Template]:
+    """Pipelines over several types, each type's stages contiguous: ``p_i`` stages of
+    ``types[i]`` at tp ``tps[i]`` (within a node of its type), in the order given, for every
+    depth ``p_i`` of :data:`PIPELINE_DEPTHS` up to ``max_depth_each`` that the type's devices
+    hold; shapes whose split does not fit memory are left out."""
+    limit = tables.training.max_pipeline_stages or tables.model.num_planner_layers
+    layers = tables.model.num_planner_layers
+    if any(tp not in infos[name].tp_options for name, tp in zip(types, tps, strict=True)):
+        return []
+    depths = [
+        [p for p in PIPELINE_DEPTHS if p <= max_depth_each and p * tp <= infos[name].num_devices]
+        for name, tp in zip(types, tps, strict=True)
+    ]
+    out = []
+    # Lexicographic over the depths, the first type's outermost (the order the search's ties
+    # are broken in).
+    for counts in itertools.product(*depths):
+        if sum(counts) > limit or sum(counts) > layers:
+            continue
+        shape = tuple(
+            st
+            for name, tp, p in zip(types, tps, counts, strict=True)
+            for st in ((name, tp),) * p
+        )
+        t = build_template(tables, infos, shape, microbatch_size)
+        if t is not None:
+            out.append(t)
+    return out
+
+
 def mixed_templates(
     tables: CostTables,
     infos: dict[str, TypeInfo],
@@ -348,21 +401,6 @@ def mixed_templates(
     Order matters for memory: under 1F1B the early stages hold the most activations, so trying
     both orders lets memory-rich types take the front where that helps.
     """
-    limit = tables.training.max_pipeline_stages or tables.model.num_planner_layers
-    tp1, tp2 = tps
-    if tp1 not in infos[first].tp_options or tp2 not in infos[second].tp_options:
-        return []
-    out = []
-    for p1 in PIPELINE_DEPTHS:
-        if p1 > max_depth_each or p1 * tp1 > infos[first].num_devices:
-            break
-        for p2 in PIPELINE_DEPTHS:
-            if p2 > max_depth_each or p2 * tp2 > infos[second].num_devices or p1 + p2 > limit:
-                break
-            if p1 + p2 > tables.model.num_planner_layers:
-                break
-            shape = ((first, tp1),) * p1 + ((second, tp2),) * p2
-            t = build_template(tables, infos, shape, microbatch_size)
-            if t is not None:
-                out.append(t)
-    return out
+    return chained_templates(
+        tables, infos, (first, second), microbatch_size, max_depth_each, tps
+    )

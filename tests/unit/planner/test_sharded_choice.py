@@ -2,14 +2,17 @@
 why in the plan's choices.
 
 Cephalo's example (GPT-2.7B, sequence 512, fp16 weights, one each of L4, L4, A6000, P40, global
-batch 64, the shipped Cephalo profiles): no whole replica fits any GPU unsharded, the best
-unsharded plan is a pair of pipelines; with gradients and optimizer state sharded over the four
-every GPU holds a whole replica and the step is shorter. On a cluster of devices with memory to
+batch 64, the shipped Cephalo profiles): no whole replica fits any GPU unsharded; among
+pipelines over at most two types the best is a pair of pipelines, and with gradients and
+optimizer state sharded over the four every GPU holds a whole replica and the step is shorter;
+one pipeline over the three types is shorter still. On a cluster of devices with memory to
 spare, sharding saves nothing the step needs and its extra optimizer traffic is never faster, so
 the plan stays unsharded.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from orchestrator.costmodel import estimate_plan
 from orchestrator.planner import make_plan
@@ -37,14 +40,28 @@ def _cephalo() -> tuple[object, object, TrainingSpec, object]:
 
 def test_cephalo_example_shards_uses_every_gpu_and_beats_cephalos_split() -> None:
     m, c, t, p = _cephalo()
+    # Pipelines over two types at most: sharded over the four beats every pipeline.
+    two = SearchConfig(max_triple_depth_each=0)
+    sharded = make_plan(c, m, t, p, two)
+    unsharded = make_plan(c, m, t, p, replace(two, sharded=False))
+    assert sharded.plan.num_devices == 4
+    assert all(s.sharding is not Sharding.NONE for r in sharded.plan.replicas for s in r.stages)
+    assert sharded.estimate.step_time_s < unsharded.estimate.step_time_s
+    level = sharded.plan.replicas[0].stages[0].sharding.value
+    assert sharded.choices[0].startswith(f"sharding: {level} over 4 devices"), sharded.choices
+    assert f"{unsharded.estimate.step_time_s:.3f} s for the best unsharded" in sharded.choices[0]
+    # The default search also builds pipelines over three types: one over A6000, P40 and the
+    # two L4s is faster still, unsharded, and the output says the sharded split was slower.
     chosen = make_plan(c, m, t, p)
-    unsharded = make_plan(c, m, t, p, SearchConfig(sharded=False))
     assert chosen.plan.num_devices == 4
-    assert all(s.sharding is not Sharding.NONE for r in chosen.plan.replicas for s in r.stages)
-    assert chosen.estimate.step_time_s < unsharded.estimate.step_time_s
-    level = chosen.plan.replicas[0].stages[0].sharding.value
-    assert chosen.choices[0].startswith(f"sharding: {level} over 4 devices"), chosen.choices
-    assert f"{unsharded.estimate.step_time_s:.3f} s for the best unsharded" in chosen.choices[0]
+    assert chosen.estimate.step_time_s < sharded.estimate.step_time_s
+    assert len(chosen.plan.replicas) == 1
+    assert {s.device_type for s in chosen.plan.replicas[0].stages} == {"A6000", "L4", "P40"}
+    assert not any(s.sharding is not Sharding.NONE for s in chosen.plan.replicas[0].stages)
+    assert (
+        f"over every device would take {sharded.estimate.step_time_s:.3f} s a step, not faster"
+        in chosen.choices[0]
+    ), chosen.choices
     # Cephalo's own split [13, 12, 34, 5], costed by the same model at each level that fits
     layers = m.num_planner_layers
     splits = []
