@@ -220,21 +220,121 @@ def _fits_unsharded(plan: Plan, cluster: Cluster, tables: CostTables) -> bool | 
     """Whether a plan with sharded stages would fit with none sharded (None: it shards none)."""
     if not is_sharded(plan):
         return None
-    whole = plan.model_copy(
-        update={
-            "replicas": tuple(
-                r.model_copy(
-                    update={
-                        "stages": tuple(
-                            s.model_copy(update={"sharding": Sharding.NONE}) for s in r.stages
-                        )
-                    }
-                )
-                for r in plan.replicas
-            )
-        }
-    )
+    whole = plan.with_stages(lambda s: s.model_copy(update={"sharding": Sharding.NONE}))
     return estimate_with_tables(whole, cluster, tables).fits
+
+
+def _placed(sel: Selection | None, cluster: Cluster, training: TrainingSpec) -> Plan | None:
+    """The selection's replicas placed on nodes (None: no selection)."""
+    return None if sel is None else place(list(sel.groups), cluster, training.global_batch_size)
+
+
+def _plan_auto(
+    cluster: Cluster,
+    model: ModelSpec,
+    training: TrainingSpec,
+    profiles: ProfileSet | None,
+    config: SearchConfig | None,
+    runtime: RuntimePreset,
+) -> PlanResult:
+    """``training.precision: auto``: the search once per format, the fastest kept with the
+    decision recorded (planner/auto_precision.py)."""
+    decision, results = plan_auto(
+        cluster,
+        training,
+        lambda c, t: make_plan(c, model, t, profiles, config, runtime=runtime),
+        lambda r: r.estimate.step_time_s,
+    )
+    searched_s = sum(r.search_time_s for r in results.values())
+    best = results[decision.precision]
+    return replace(best, precision_choice=decision, search_time_s=searched_s)
+
+
+def _fastest_type_only(
+    cluster: Cluster,
+    tables: CostTables,
+    infos: dict[str, TypeInfo],
+    training: TrainingSpec,
+    config: SearchConfig,
+    bound: FluidBound,
+) -> Baseline:
+    """The best plan on the fastest device type alone (by the fluid bound's rates)."""
+    rates = bound.samples_per_s_by_type
+    fastest = max(sorted(rates), key=lambda d: rates[d])
+    only = _placed(_best_selection(tables, infos, training, config, [fastest]), cluster, training)
+    if only is None:
+        return Baseline(
+            "fastest_type_only", None, None, f"the model does not fit on {fastest} alone"
+        )
+    plan, est = _costed(only, cluster, tables)
+    return Baseline("fastest_type_only", plan, est, f"{fastest} only")
+
+
+def _sharded_candidates(
+    cluster: Cluster,
+    tables: CostTables,
+    infos: dict[str, TypeInfo],
+    training: TrainingSpec,
+    config: SearchConfig,
+    unsharded: tuple[Plan, Estimate] | None,
+    stranded: set[str],
+    built: dict[int, dict[str, list[Template]]],
+    ranked: list[int],
+) -> tuple[str, tuple[Plan, Estimate] | None, tuple[Plan, Estimate] | None]:
+    """Why sharding is not tried ("" when it is), the sharded data-parallel candidate and the
+    sharded-pipeline one (docs/planner.md, "Sharding"), given the best ``unsharded`` candidate
+    and what the unsharded selection found (``stranded`` types, ``built`` templates, microbatch
+    sizes ``ranked`` best first)."""
+    not_tried = _why_not_sharded(training, config, unsharded_fits=unsharded is not None)
+    sharded = (
+        None
+        if not_tried
+        else sharded_data_parallel(
+            cluster, tables, training.global_batch_size, _microbatch_sizes(training)
+        )
+    )
+
+    def place_sharded(level: Sharding) -> Plan | None:
+        # Sharded pipelines on the types that fit nothing unsharded (every type when nothing
+        # fits at all); two-type replicas were tried unsharded already where a plan fits.
+        again = config if unsharded is None else replace(config, mixed=False)
+        sel = _best_selection(
+            tables, infos, training, again, sharded=level, stranded=stranded, built=built
+        )
+        return _placed(sel, cluster, training)
+
+    def place_anywhere(level: Sharding) -> Plan | None:
+        # Where an unsharded plan fits: pipelines that fit only sharded offered on every type,
+        # for a shape that wins only once sharded (fewer stages, fewer bubbles); at the
+        # microbatch sizes where the unsharded selections did best, as the mixed replicas are.
+        sel = _best_selection(
+            tables,
+            infos,
+            training,
+            replace(config, mixed=False),
+            sharded=level,
+            stranded=set(infos),
+            built=built,
+            sizes=ranked[: config.mixed_microbatch_sizes],
+        )
+        return _placed(sel, cluster, training)
+
+    # Sharded pipeline stages: where the cost model says they pay, where a device type (or
+    # the whole model) fits only sharded, and where a shape wins only sharded.
+    piped = (
+        None
+        if not_tried
+        else sharded_pipelines(
+            cluster,
+            tables,
+            unsharded,
+            needed=unsharded is None or bool(stranded),
+            place_sharded=place_sharded,
+            pays=not config.sharded_only_if_needed,
+            place_anywhere=None if unsharded is None else place_anywhere,
+        )
+    )
+    return not_tried, sharded, piped
 
 
 def make_plan(
@@ -253,15 +353,7 @@ def make_plan(
     memory is missing on which device type.
     """
     if training.precision == AUTO_PRECISION:
-        decision, results = plan_auto(
-            cluster,
-            training,
-            lambda c, t: make_plan(c, model, t, profiles, config, runtime=runtime),
-            lambda r: r.estimate.step_time_s,
-        )
-        searched_s = sum(r.search_time_s for r in results.values())
-        best = results[decision.precision]
-        return replace(best, precision_choice=decision, search_time_s=searched_s)
+        return _plan_auto(cluster, model, training, profiles, config, runtime)
     # Costed in the run's format; the chosen plan records it (None: training.precision unset).
     model, training = costed_inputs(model, training)
     started = time.perf_counter()
@@ -282,104 +374,32 @@ def make_plan(
     )
     if chosen is None and not _may_shard(training, config):
         raise _nothing_fits(model, tables, infos)
-    candidates = (
-        []
-        if chosen is None
-        else [
-            _costed(
-                place(list(chosen.groups), cluster, training.global_batch_size), cluster, tables
-            )
-        ]
-    )
-
+    placed = [_placed(chosen, cluster, training)]
     if chosen is not None and _has_three_types(chosen):
         # The selection's score is not the full model's estimate: where it took a three-type
         # replica, the plan without any is costed beside it, and the estimate decides.
         two = replace(config, max_triple_depth_each=0)
-        without = _best_selection(tables, infos, training, two)
-        if without is not None:
-            candidates.append(
-                _costed(
-                    place(list(without.groups), cluster, training.global_batch_size),
-                    cluster,
-                    tables,
-                )
-            )
+        placed.append(_placed(_best_selection(tables, infos, training, two), cluster, training))
+    candidates = [_costed(p, cluster, tables) for p in placed if p is not None]
 
-    fastest = max(sorted(bound.samples_per_s_by_type), key=lambda d: bound.samples_per_s_by_type[d])
-    only = _best_selection(tables, infos, training, config, [fastest])
-    if only is None:
-        fastest_baseline = Baseline(
-            "fastest_type_only", None, None, f"the model does not fit on {fastest} alone"
-        )
-    else:
-        plan, est = _costed(
-            place(list(only.groups), cluster, training.global_batch_size), cluster, tables
-        )
-        fastest_baseline = Baseline("fastest_type_only", plan, est, f"{fastest} only")
-        candidates.append((plan, est))
+    fastest_baseline = _fastest_type_only(cluster, tables, infos, training, config, bound)
     uniform = uniform_data_parallel(
         cluster, tables, training.global_batch_size, min(_microbatch_sizes(training))
     )
-    if uniform.plan is not None and uniform.estimate is not None:
-        candidates.append((uniform.plan, uniform.estimate))
+    for baseline in (fastest_baseline, uniform):
+        if baseline.plan is not None and baseline.estimate is not None:
+            candidates.append((baseline.plan, baseline.estimate))
 
     unsharded = min(
         (c for c in candidates if c[1].fits),
         key=lambda c: (c[1].step_time_s, c[0].to_json()),
         default=None,
     )
-    not_tried = _why_not_sharded(training, config, unsharded_fits=unsharded is not None)
-    sharded = (
-        None
-        if not_tried
-        else sharded_data_parallel(
-            cluster, tables, training.global_batch_size, _microbatch_sizes(training)
-        )
+    not_tried, sharded, piped = _sharded_candidates(
+        cluster, tables, infos, training, config, unsharded, stranded, built, ranked
     )
     if sharded is not None:
         candidates.append(sharded)
-
-    def place_sharded(level: Sharding) -> Plan | None:
-        # Sharded pipelines on the types that fit nothing unsharded (every type when nothing
-        # fits at all); two-type replicas were tried unsharded already where a plan fits.
-        again = config if unsharded is None else replace(config, mixed=False)
-        sel = _best_selection(
-            tables, infos, training, again, sharded=level, stranded=stranded, built=built
-        )
-        return None if sel is None else place(list(sel.groups), cluster, training.global_batch_size)
-
-    def place_anywhere(level: Sharding) -> Plan | None:
-        # Where an unsharded plan fits: pipelines that fit only sharded offered on every type,
-        # for a shape that wins only once sharded (fewer stages, fewer bubbles); at the
-        # microbatch sizes where the unsharded selections did best, as the mixed replicas are.
-        sel = _best_selection(
-            tables,
-            infos,
-            training,
-            replace(config, mixed=False),
-            sharded=level,
-            stranded=set(infos),
-            built=built,
-            sizes=ranked[: config.mixed_microbatch_sizes],
-        )
-        return None if sel is None else place(list(sel.groups), cluster, training.global_batch_size)
-
-    # Sharded pipeline stages: where the cost model says they pay, where a device type (or
-    # the whole model) fits only sharded, and where a shape wins only sharded.
-    piped = (
-        None
-        if not_tried
-        else sharded_pipelines(
-            cluster,
-            tables,
-            unsharded,
-            needed=unsharded is None or bool(stranded),
-            place_sharded=place_sharded,
-            pays=not config.sharded_only_if_needed,
-            place_anywhere=None if unsharded is None else place_anywhere,
-        )
-    )
     # Chosen only for a step MIN_GAIN shorter than unsharded (else only shown in the choices).
     if piped is not None and (
         unsharded is None or piped[1].step_time_s < unsharded[1].step_time_s * (1 - MIN_GAIN)

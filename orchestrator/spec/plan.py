@@ -16,6 +16,7 @@ of its holders whose stages shard it; they must agree on the level.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
@@ -169,6 +170,17 @@ class Plan(BaseModel):
             out[(r, i)] = rank
             rank += stage.tp
         return out
+
+    def with_stages(self, change: Callable[[StageSpec], StageSpec]) -> Plan:
+        """This plan with ``change`` applied to every stage (e.g. every stage unsharded)."""
+        return self.model_copy(
+            update={
+                "replicas": tuple(
+                    r.model_copy(update={"stages": tuple(change(s) for s in r.stages)})
+                    for r in self.replicas
+                )
+            }
+        )
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, fixed separators, so equal plans are equal bytes.

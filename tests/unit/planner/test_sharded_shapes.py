@@ -48,20 +48,7 @@ def test_a_shape_that_fits_only_sharded_beats_the_unsharded_plan_that_fits() -> 
     assert chosen.estimate.step_time_s < plain.estimate.step_time_s * 0.95
     # the same shape with nothing sharded does not fit
     tables = CostTables.for_cluster(MODEL, TRAINING, c, p)
-    whole = chosen.plan.model_copy(
-        update={
-            "replicas": tuple(
-                r.model_copy(
-                    update={
-                        "stages": tuple(
-                            s.model_copy(update={"sharding": Sharding.NONE}) for s in r.stages
-                        )
-                    }
-                )
-                for r in chosen.plan.replicas
-            )
-        }
-    )
+    whole = chosen.plan.with_stages(lambda s: s.model_copy(update={"sharding": Sharding.NONE}))
     assert not estimate_with_tables(whole, c, tables).fits
     # the plan output says why: a shape that fits only sharded, faster than the unsharded plan
     line = chosen.choices[0]
