@@ -473,6 +473,38 @@ class CostTables:
                 best = found
         return best
 
+    def _derived_from_tp1(
+        self, device_type: str, microbatch_size: int, tp: int, tp_comm_s: float
+    ) -> tuple[list[LayerTime], LayerTable] | None:
+        """Times at ``tp`` > 1 for a device type measured at tp 1 only: each layer's measured
+        tp-1 time scaled by the analytic ratio of its tp-``tp`` to its tp-1 time, plus the
+        tensor-parallel all-reduce of a block. Without it a type's tp-1 plans would be costed
+        from its measurement and its tp plans from datasheet peaks, two scales that need not
+        agree (an emulated device runs at a fraction of its datasheet's speed); None when the
+        type has no measured (or borrowed) tp-1 entry either (then all its times are analytic,
+        on one scale)."""
+        if tp == 1 or self._measured(device_type, microbatch_size, 1)[0] is None:
+            return None
+        base = self.table(device_type, microbatch_size, 1)
+        model, training = self.model, self.training
+        device = self.device_types[device_type]
+        times = []
+        for layer, one in enumerate(base.times):
+            at_1 = analytic_layer_time(model, training, device, layer, microbatch_size, 1, 0.0)
+            at_tp = analytic_layer_time(model, training, device, layer, microbatch_size, tp, 0.0)
+            comm_s = tp_comm_s if model.layer_kind(layer) is LayerKind.BLOCK else 0.0
+            times.append(
+                LayerTime(
+                    forward_s=one.forward_s * at_tp.forward_s / at_1.forward_s + comm_s,
+                    backward_s=one.backward_s * at_tp.backward_s / at_1.backward_s + comm_s,
+                    update_s=one.update_s * at_tp.update_s / at_1.update_s
+                    if at_1.update_s > 0
+                    else one.update_s,
+                    estimated=True,
+                )
+            )
+        return times, base
+
     def _build(self, device_type: str, microbatch_size: int, tp: int) -> LayerTable:
         model, training = self.model, self.training
         device = self.device_types[device_type]
@@ -546,6 +578,11 @@ class CostTables:
             for i in range(len(times))
         ]
         stage_update_s = entry.stage_update_s if entry is not None else None
+        derived = self._derived_from_tp1(device_type, microbatch_size, tp, tp_comm_s)
+        if entry is None and derived is not None:
+            times, base = derived
+            stage_update_s = base.stage_update_s / tp
+            call_forward_s, call_backward_s = base.call_s, 0.0
         return LayerTable(
             device_type=device_type,
             microbatch_size=microbatch_size,
