@@ -40,6 +40,7 @@ def ray_processes_under(path: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(960)  # past run_demo's own 900 s limit, so that one reports
 def test_demo_survives_a_crash_and_switches_on_a_join(tmp_path: Path) -> None:
     code, summary, stderr = run_demo(tmp_path, "--steps", str(STEPS))
     assert code == 0, stderr[-3000:]

@@ -103,7 +103,8 @@ def test_a_throttled_node_gets_less_work_and_gets_it_back_when_it_cools_down(
 
         f.until(lambda: len(f.plans) >= 2, 180.0)
         straggler = f.of_kind("straggler")
-        assert straggler and {e.data["node"] for e in straggler} == {slow}
+        seen = [f"{e.kind}: {e.message}" for e in f.events]
+        assert straggler and {e.data["node"] for e in straggler} == {slow}, seen
         assert straggler[0].data["slowdown_factor"] > 1.3  # measured from the step reports
         assert f.plans[1].reason == "straggler"
         throttled = f.plans[1].plan
@@ -117,7 +118,9 @@ def test_a_throttled_node_gets_less_work_and_gets_it_back_when_it_cools_down(
         ray.get(handle.actor.emulate_slowdown.remote(slow, 1.0))
         f.until(lambda: len(f.plans) >= 3, 180.0)
         speedup = f.of_kind("speedup")
-        assert speedup and speedup[0].data["node"] == slow and speedup[0].data["factor"] < 1.0
+        seen = [f"{e.kind}: {e.message}" for e in f.events]
+        assert speedup, seen
+        assert speedup[0].data["node"] == slow and speedup[0].data["factor"] < 1.0
         assert f.plans[2].reason == "speedup"
         assert _work_on(f.plans[2].plan, slow) > _work_on(throttled, slow)
         # Each change went on from the step it reached: nothing lost or trained twice.

@@ -63,9 +63,8 @@ def test_the_profile_is_the_demo_models() -> None:
     shape = demo_job_spec(scenario).model.shape
     assert profile.model == shape.name
     assert profile.sequence_length == shape.sequence_length
-    assert sorted(e.microbatch_size for e in profile.entries) == sorted(
-        demo_job_spec(scenario).training.microbatch_sizes
-    )
+    planned = demo_job_spec(scenario).training.microbatch_sizes
+    assert set(planned) <= {e.microbatch_size for e in profile.entries}
 
 
 # The emulation's ratio exactly (1.0), and busy hosts: the fastest type is profiled by the wall
