@@ -5,8 +5,9 @@ type (a replica each, the batch split evenly). Mid-run the test throttles one no
 slower through the actor (``emulate_slowdown``, emulation only): the controller must find it in
 the step reports, re-plan with the measured speed and give that node less work (fewer samples,
 or fewer layers of each sample in a pipeline); when the node runs at its labelled speed again,
-it must notice from the step reports and give the node its share back. Nothing here is a timing
-assertion: the order of events and the plans are.
+it must notice from the step reports and give the node its share back (or, when the re-plan
+left the node without work, try it again at its labelled speed after the cool-down). Nothing here
+is a timing assertion: the order of events and the plans are.
 """
 
 from __future__ import annotations
@@ -117,11 +118,19 @@ def test_a_throttled_node_gets_less_work_and_gets_it_back_when_it_cools_down(
 
         ray.get(handle.actor.emulate_slowdown.remote(slow, 1.0))
         f.until(lambda: len(f.plans) >= 3, 180.0)
-        speedup = f.of_kind("speedup")
         seen = [f"{e.kind}: {e.message}" for e in f.events]
-        assert speedup, seen
-        assert speedup[0].data["node"] == slow and speedup[0].data["factor"] < 1.0
-        assert f.plans[2].reason == "speedup"
+        if _work_on(throttled, slow) > 0:
+            # Still working, so its step reports show it fast again.
+            speedup = f.of_kind("speedup")
+            assert speedup, seen
+            assert speedup[0].data["node"] == slow and speedup[0].data["factor"] < 1.0
+            assert f.plans[2].reason == "speedup", seen
+        else:
+            # Left without work (its share did not pay for its update), no step reports: it is
+            # tried again at its labelled speed after the cool-down.
+            readmit = f.of_kind("readmit")
+            assert readmit and readmit[0].data["node"] == slow, seen
+            assert f.plans[2].reason == "readmit", seen
         assert _work_on(f.plans[2].plan, slow) > _work_on(throttled, slow)
         # Each change went on from the step it reached: nothing lost or trained twice.
         assert f.steps == list(range(len(f.steps)))
