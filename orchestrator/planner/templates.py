@@ -328,10 +328,13 @@ def homogeneous_templates(
     microbatch_size: int,
     sharded: Sharding | None = None,
     max_replicas: int | None = None,
+    variants: bool = False,
 ) -> list[Template]:
     """Every feasible single-type pipeline shape for ``device_type``; with ``sharded``, also
     the tp-1 shapes that fit only with their state sharded at that level over as many replicas
-    as the type's devices (and ``max_replicas``) allow."""
+    as the type's devices (and ``max_replicas``) allow, and with ``variants`` the tp-1 shapes
+    that fit unsharded once more, sharded so (their optimizer step divided across the
+    replicas, the split solved again in the memory sharding frees)."""
     info = infos[device_type]
     limit = tables.training.max_pipeline_stages or tables.model.num_planner_layers
     out = []
@@ -342,7 +345,9 @@ def homogeneous_templates(
             shape = ((device_type, tp),) * p
             t = build_template(tables, infos, shape, microbatch_size)
             k = min(info.num_devices // p, max_replicas or info.num_devices)
-            if t is None and sharded is not None and tp == 1 and k >= 2:
+            if sharded is not None and tp == 1 and k >= 2 and (t is None or variants):
+                if t is not None:
+                    out.append(t)
                 t = build_template(tables, infos, shape, microbatch_size, (sharded, k))
             if t is not None:
                 out.append(t)
