@@ -161,7 +161,7 @@ def sharded_data_parallel(
         if not levels:
             continue
         per_microbatch = [tables.table(t, mbs, 1).compute_s(0, layers) for _, t in devices]
-        shares = _sample_shares([t / mbs for t in per_microbatch], global_batch_size)
+        shares = _shares(per_microbatch, mbs, global_batch_size)
         for level in levels:
             plan = Plan(
                 global_batch_size=global_batch_size,
