@@ -107,20 +107,19 @@ class Template:
     def num_devices(self) -> int:
         return sum(tp for _, tp in self.stage_types)
 
-    @property
-    def usage(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for name, tp in self.stage_types:
-            out[name] = out.get(name, 0) + tp
-        return out
-
     def __post_init__(self) -> None:
         # Read in the search's innermost loop: computed once, not per access.
         object.__setattr__(self, "bottleneck_s", max(self.split.stage_s))
         object.__setattr__(self, "sum_s", sum(self.split.stage_s))
+        usage: dict[str, int] = {}
+        for name, tp in self.stage_types:
+            usage[name] = usage.get(name, 0) + tp
+        object.__setattr__(self, "usage", usage)
 
     bottleneck_s: float = field(init=False, compare=False)
     sum_s: float = field(init=False, compare=False)
+    # Devices per type one replica uses (read only).
+    usage: dict[str, int] = field(init=False, compare=False, repr=False)
 
 
 def _p2p_bandwidth(a: TypeInfo, b: TypeInfo, one_type_devices: int | None) -> float:
