@@ -56,6 +56,24 @@ def pipeline_deadline_s(groups: list[Group], total_microbatches: int) -> float |
     hi = max(lo, (total_microbatches + offset) / rate) * (1 + 1e-12)
     while done_by(hi) < total_microbatches:  # guards float rounding only
         hi += max(t for _, _, t in shape)
+    # The count steps up only where some replica finishes a microbatch (s + k t): where the
+    # bracket holds few such instants, the least one that suffices is found among them by
+    # bisection over the sorted instants, each taken a hair late (as the bisection over time
+    # below ends a hair above the step).
+    events = _finish_instants(shape, lo, hi)
+    if events is not None and done_by(lo * _LATE) >= total_microbatches:
+        return lo * _LATE  # the relaxation's end itself suffices
+    if events is not None:
+        first, last = 0, len(events)  # done_by fails before events[first], holds at events[last]
+        while first < last:
+            half = (first + last) // 2
+            if done_by(events[half]) >= total_microbatches:
+                last = half
+            else:
+                first = half + 1
+        if last < len(events):
+            return events[last]
+        return hi
     for _ in range(_BISECTIONS):
         if hi - lo <= 1e-12 * hi:
             break
@@ -65,6 +83,32 @@ def pipeline_deadline_s(groups: list[Group], total_microbatches: int) -> float |
         else:
             lo = mid
     return hi
+
+
+_MAX_INSTANTS = 64
+_LATE = 1 + 1e-12
+
+
+def _finish_instants(
+    shape: list[tuple[int, float, float]], lo: float, hi: float
+) -> list[float] | None:
+    """The instants ``s + k t`` in ``[lo, hi)`` at which some group's replicas finish a
+    microbatch, each a relative 1e-12 late (so the floor in the count cannot round it below its
+    step), sorted; None where there are more than ``_MAX_INSTANTS``."""
+    out: list[float] = []
+    for _, s, t in shape:
+        k = max(0, math.ceil((lo - s) / t) - 1)
+        while True:
+            instant = (s + k * t) * _LATE
+            if instant >= hi:
+                break
+            if instant >= lo:
+                out.append(instant)
+                if len(out) > _MAX_INSTANTS:
+                    return None
+            k += 1
+    out.sort()
+    return out
 
 
 def assign_microbatches(groups: list[Group], total_microbatches: int) -> list[list[int]]:

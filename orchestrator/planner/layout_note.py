@@ -19,22 +19,25 @@ def sharding_line(
     not_tried: str = "",
     piped: tuple[Plan, Estimate] | None = None,
     fits_unsharded: bool | None = None,
+    cluster_devices: int | None = None,
 ) -> str:
-    """One line: the sharding chosen (whole replicas sharded over every device, or pipeline
-    stages sharded across their replicas) and the costed alternative it beat;
-    ``fits_unsharded``: whether the chosen shape would fit with nothing sharded (None: not
-    known), said where it would not."""
+    """One line: the sharding chosen (whole replicas sharded over every device or over some
+    types' devices, or pipeline stages sharded across their replicas) and the costed
+    alternative it beat; ``fits_unsharded``: whether the chosen shape would fit with nothing
+    sharded (None: not known), said where it would not; ``cluster_devices``: the cluster's
+    device count (None: the sharded data-parallel candidate spans every device)."""
     levels = sorted({s.sharding.value for r in chosen.replicas for s in r.stages} - {"none"})
     against = (
         f"{_s(unsharded[1].step_time_s)} for the best unsharded plan"
         if unsharded is not None
         else "no unsharded plan fits"
     )
+    subset = sharded is not None and _types_only(sharded[0], cluster_devices)
     if levels and sharded is not None and chosen == sharded[0]:
         n = chosen.num_devices
         return (
-            f"sharding: {', '.join(levels)} over {n} devices, {_s(sharded[1].step_time_s)} a step "
-            f"against {against}"
+            f"sharding: {', '.join(levels)} over {n} devices{f' ({subset} only)' if subset else ''}"
+            f", {_s(sharded[1].step_time_s)} a step against {against}"
         )
     if levels and piped is not None:
         stages = [s for r in chosen.replicas for s in r.stages]
@@ -48,12 +51,13 @@ def sharding_line(
     if not_tried:
         return f"sharding: none (sharded data parallel not tried: {not_tried})"
     if sharded is None and piped is None:
-        return "sharding: none (no sharded data-parallel plan over every device fits)"
+        return "sharding: none (no sharded data-parallel plan fits)"
     parts = []
     if sharded is not None:
         level = sharded[0].replicas[0].stages[0].sharding
+        over = f"the {sharded[0].num_devices} {subset} devices" if subset else "every device"
         parts.append(
-            f"sharded data parallel at {level.value} over every device would take "
+            f"sharded data parallel at {level.value} over {over} would take "
             f"{_s(sharded[1].step_time_s)} a step"
         )
     if piped is not None:
@@ -65,6 +69,15 @@ def sharding_line(
         and piped[1].step_time_s < unsharded[1].step_time_s
     )
     return f"sharding: none ({'; '.join(parts)}, not faster{' by 0.5%' if slightly else ''})"
+
+
+def _types_only(plan: Plan, cluster_devices: int | None) -> str:
+    """The device types a plan runs on, joined ("A100-40", "A100-40 and A6000"), where it
+    leaves some of the cluster's ``cluster_devices`` idle; "" where it uses every device."""
+    if cluster_devices is None or plan.num_devices >= cluster_devices:
+        return ""
+    types = sorted({s.device_type for r in plan.replicas for s in r.stages})
+    return " and ".join(types)
 
 
 def tp_line(chosen: Plan) -> str:

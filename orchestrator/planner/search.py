@@ -27,7 +27,7 @@ from orchestrator.planner.auto_precision import PrecisionDecision, plan_auto
 from orchestrator.planner.layout_note import is_sharded, sharding_line, tp_line
 from orchestrator.planner.placement import place
 from orchestrator.planner.selection import SearchConfig, Selection, SelectionSearch
-from orchestrator.planner.sharded import sharded_data_parallel
+from orchestrator.planner.sharded import best_sharded_data_parallel
 from orchestrator.planner.sharded_pipelines import MIN_GAIN, sharded_pipelines
 from orchestrator.planner.templates import Template, TypeInfo, type_infos
 from orchestrator.spec.cluster import Cluster
@@ -87,6 +87,7 @@ def _best_selection(
     built: dict[int, dict[str, list[Template]]] | None = None,
     sizes: list[int] | None = None,
     ranked_sizes: list[int] | None = None,
+    variants: bool = False,
 ) -> Selection | None:
     """Single-type templates at every microbatch size (or at ``sizes``); mixed-type replicas
     on top of the few microbatch sizes that did best (or of all, when single-type replicas
@@ -94,7 +95,8 @@ def _best_selection(
 
     ``sharded``: also offer pipelines that fit only sharded at that level, on the ``stranded``
     types when some are given (else every type), reusing the other types' templates from
-    ``built``. Without ``sharded``, ``stranded`` receives the device types on which no
+    ``built``, and with ``variants`` the sharded variants of the tp-1 pipelines that fit
+    unsharded as well. Without ``sharded``, ``stranded`` receives the device types on which no
     single-type pipeline fits at any size, and ``built`` the templates built.
     ``ranked_sizes`` receives the microbatch sizes, those whose single-type selection did best
     first."""
@@ -109,6 +111,7 @@ def _best_selection(
             sharded,
             None if sharded is None or built is None else built.get(mbs),
             offer,
+            variants,
         )
         for mbs in (_microbatch_sizes(training) if sizes is None else sizes)
     }
@@ -280,17 +283,23 @@ def _sharded_candidates(
     stranded: set[str],
     built: dict[int, dict[str, list[Template]]],
     ranked: list[int],
+    bound: FluidBound,
 ) -> tuple[str, tuple[Plan, Estimate] | None, tuple[Plan, Estimate] | None]:
     """Why sharding is not tried ("" when it is), the sharded data-parallel candidate and the
     sharded-pipeline one (docs/planner.md, "Sharding"), given the best ``unsharded`` candidate
     and what the unsharded selection found (``stranded`` types, ``built`` templates, microbatch
-    sizes ``ranked`` best first)."""
+    sizes ``ranked`` best first); ``bound`` ranks the device types by speed."""
     not_tried = _why_not_sharded(training, config, unsharded_fits=unsharded is not None)
+    # Over every device, each type's devices alone, and the fastest types' devices.
     sharded = (
         None
         if not_tried
-        else sharded_data_parallel(
-            cluster, tables, training.global_batch_size, _microbatch_sizes(training)
+        else best_sharded_data_parallel(
+            cluster,
+            tables,
+            training.global_batch_size,
+            _microbatch_sizes(training),
+            bound.samples_per_s_by_type,
         )
     )
 
@@ -305,8 +314,10 @@ def _sharded_candidates(
 
     def place_anywhere(level: Sharding) -> Plan | None:
         # Where an unsharded plan fits: pipelines that fit only sharded offered on every type,
-        # for a shape that wins only once sharded (fewer stages, fewer bubbles); at the
-        # microbatch sizes where the unsharded selections did best, as the mixed replicas are.
+        # for a shape that wins only once sharded (fewer stages, fewer bubbles), and the tp-1
+        # pipelines that fit unsharded offered sharded too (their optimizer step divided across
+        # their replicas, which may beat a tp > 1 replica); at the microbatch sizes where the
+        # unsharded selections did best, as the mixed replicas are.
         sel = _best_selection(
             tables,
             infos,
@@ -316,6 +327,7 @@ def _sharded_candidates(
             stranded=set(infos),
             built=built,
             sizes=ranked[: config.mixed_microbatch_sizes],
+            variants=True,
         )
         return _placed(sel, cluster, training)
 
@@ -396,7 +408,7 @@ def make_plan(
         default=None,
     )
     not_tried, sharded, piped = _sharded_candidates(
-        cluster, tables, infos, training, config, unsharded, stranded, built, ranked
+        cluster, tables, infos, training, config, unsharded, stranded, built, ranked, bound
     )
     if sharded is not None:
         candidates.append(sharded)
@@ -415,7 +427,13 @@ def make_plan(
     )
     choices = (
         sharding_line(
-            plan, unsharded, sharded, not_tried, piped, _fits_unsharded(plan, cluster, tables)
+            plan,
+            unsharded,
+            sharded,
+            not_tried,
+            piped,
+            _fits_unsharded(plan, cluster, tables),
+            cluster.num_devices,
         ),
         tp_line(plan),
     )

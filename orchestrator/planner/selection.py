@@ -107,10 +107,12 @@ class SelectionSearch:
         sharded: Sharding | None = None,
         built: dict[str, list[Template]] | None = None,
         sharded_types: frozenset[str] | None = None,
+        variants: bool = False,
     ) -> None:
         """``sharded``: also offer single-type pipelines that fit only with their replicas
         sharding their state at that level (templates.homogeneous_templates), on
-        ``sharded_types`` (default: every type); ``built``: the unsharded templates already
+        ``sharded_types`` (default: every type), and with ``variants`` the sharded variants of
+        the tp-1 pipelines that fit unsharded too; ``built``: the unsharded templates already
         built per type at this microbatch size, reused for the other types."""
         self.tables, self.infos, self.config = tables, infos, config
         self.batch, self.mbs = global_batch_size, microbatch_size
@@ -122,7 +124,13 @@ class SelectionSearch:
                 self.homogeneous[d] = built[d]
                 continue
             self.homogeneous[d] = homogeneous_templates(
-                tables, infos, d, microbatch_size, sharded if offer else None, self.max_replicas
+                tables,
+                infos,
+                d,
+                microbatch_size,
+                sharded if offer else None,
+                self.max_replicas,
+                variants,
             )
 
     def _alone(self, template: Template) -> Group:

@@ -154,8 +154,11 @@ def sharded_pipelines(
     for level in levels_for(tables):
         if unsharded is not None and pays:
             keep_greedy(*unsharded, level)
-        searches = [place_sharded] if needed else []
-        if pays and place_anywhere is not None and not _dominated(level, tables):
+        # A dominated level offers the shapes the level below offers, at no less cost: its
+        # selections are not searched (the greedy above still costs it on the plan at hand).
+        dominated = _dominated(level, tables)
+        searches = [place_sharded] if needed and not dominated else []
+        if pays and place_anywhere is not None and not dominated:
             searches.append(place_anywhere)
         for search in searches:
             plan = search(level)

@@ -107,20 +107,19 @@ class Template:
     def num_devices(self) -> int:
         return sum(tp for _, tp in self.stage_types)
 
-    @property
-    def usage(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for name, tp in self.stage_types:
-            out[name] = out.get(name, 0) + tp
-        return out
-
     def __post_init__(self) -> None:
         # Read in the search's innermost loop: computed once, not per access.
         object.__setattr__(self, "bottleneck_s", max(self.split.stage_s))
         object.__setattr__(self, "sum_s", sum(self.split.stage_s))
+        usage: dict[str, int] = {}
+        for name, tp in self.stage_types:
+            usage[name] = usage.get(name, 0) + tp
+        object.__setattr__(self, "usage", usage)
 
     bottleneck_s: float = field(init=False, compare=False)
     sum_s: float = field(init=False, compare=False)
+    # Devices per type one replica uses (read only).
+    usage: dict[str, int] = field(init=False, compare=False, repr=False)
 
 
 def _p2p_bandwidth(a: TypeInfo, b: TypeInfo, one_type_devices: int | None) -> float:
@@ -207,6 +206,51 @@ def build_template(
     return found
 
 
+def _least_layer_bytes(
+    tables: CostTables, device_type: str, microbatch_size: int, tp: int
+) -> list[float]:
+    """Per layer, the fewest bytes its ``tp`` devices hold for it on a stage of this type,
+    with or without recompute (state plus one microbatch in flight, summed over the devices);
+    kept with the solved shapes."""
+    key = ("least layer bytes", device_type, microbatch_size, tp)
+    found = tables.templates.get(key)
+    if found is None:
+        recompute = (False, True) if tables.training.activation_recompute else (False,)
+        prefixes = [
+            tables.table(device_type, microbatch_size, tp, r).memory_prefix_bytes(1)
+            for r in recompute
+        ]
+        found = [
+            tp * min(prefix[layer + 1] - prefix[layer] for prefix in prefixes)
+            for layer in range(tables.model.num_planner_layers)
+        ]
+        tables.templates[key] = found
+    return cast("list[float]", found)
+
+
+def _memory_rules_out(
+    tables: CostTables,
+    infos: dict[str, TypeInfo],
+    stage_types: tuple[tuple[str, int], ...],
+    microbatch_size: int,
+) -> bool:
+    """Whether no split of this unsharded shape fits memory with any stages recomputing: each
+    layer needs at least its least bytes on any of the shape's (type, tp) pairs
+    (:func:`_least_layer_bytes`, every stage holding at least one microbatch in flight), and
+    a stage's ``tp`` devices hold at most ``tp`` times their type's memory cap; so the shape
+    fits only if the caps add up to the layers' least needs. A necessary condition, checked
+    before the split is solved (many deep shapes of small devices fail it)."""
+    pairs = sorted(set(stage_types))
+    key = ("least model bytes", microbatch_size, tuple(pairs))
+    need = tables.templates.get(key)
+    if need is None:
+        per_pair = [_least_layer_bytes(tables, t, microbatch_size, tp) for t, tp in pairs]
+        need = sum(min(column) for column in zip(*per_pair, strict=True))
+        tables.templates[key] = need
+    held = sum(tp * infos[name].memory_cap_bytes for name, tp in stage_types)
+    return held < cast("float", need)
+
+
 def _solve_template(
     tables: CostTables,
     infos: dict[str, TypeInfo],
@@ -215,8 +259,13 @@ def _solve_template(
     shard: tuple[Sharding, int] | None,
 ) -> Template | None:
     """:func:`build_template` without its memo."""
+    if shard is None and _memory_rules_out(tables, infos, stage_types, microbatch_size):
+        return None
     state_tables: dict[tuple[str, bool], LayerTable] = {}  # sharded tables, per type
-    found = _build_template(tables, infos, stage_types, microbatch_size, (), shard, state_tables)
+    comms = _stage_comm_s(tables, infos, stage_types, microbatch_size)
+    found = _build_template(
+        tables, infos, stage_types, microbatch_size, (), shard, state_tables, comms
+    )
     if found is not None or not tables.training.activation_recompute:
         return found
     p = len(stage_types)
@@ -224,7 +273,7 @@ def _solve_template(
     def with_first(count: int) -> Template | None:
         recompute = tuple(s < count for s in range(p))
         return _build_template(
-            tables, infos, stage_types, microbatch_size, recompute, shard, state_tables
+            tables, infos, stage_types, microbatch_size, recompute, shard, state_tables, comms
         )
 
     # Bisection over the count: recomputing one more stage lowers that stage's memory (it holds
@@ -245,28 +294,19 @@ def _solve_template(
     return best
 
 
-def _build_template(
+def _stage_comm_s(
     tables: CostTables,
     infos: dict[str, TypeInfo],
     stage_types: tuple[tuple[str, int], ...],
     microbatch_size: int,
-    recompute: tuple[bool, ...],
-    shard: tuple[Sharding, int] | None = None,
-    state_tables: dict[tuple[str, bool], LayerTable] | None = None,
-) -> Template | None:
-    """The split for this shape with recompute on the stages marked in ``recompute`` (empty or
-    all False: none), every stage's state sharded at ``shard``'s level over its count of
-    replicas (None: unsharded); None if it cannot fit in memory."""
-    model = tables.model
+) -> list[float]:
+    """Per stage, the seconds of its boundary transfers per microbatch (to the next stage and
+    from the previous one)."""
     p = len(stage_types)
-    act_bytes = comm.boundary_activation_bytes(model, microbatch_size)
-    stages: list[StageCosts] = []
+    act_bytes = comm.boundary_activation_bytes(tables.model, microbatch_size)
     one_type = len({n for n, _ in stage_types}) == 1
     one_type_devices = sum(tp for _, tp in stage_types) if one_type else None
-    recompute = recompute if any(recompute) else ()
-    if shard is not None and any(tp != 1 for _, tp in stage_types):
-        return None  # the engine shards tp-1 stages only (worker/topology.check_executable)
-    tables_by_key = {} if state_tables is None else state_tables
+    out = []
     for s, (name, tp) in enumerate(stage_types):
         comm_s = 0.0
         # Under tensor parallelism each rank sends its 1/tp slice of the boundary activation.
@@ -276,8 +316,48 @@ def _build_template(
         if s > 0:
             bw = _p2p_bandwidth(infos[stage_types[s - 1][0]], infos[name], one_type_devices)
             comm_s += comm.p2p_s(act_bytes / min(tp, stage_types[s - 1][1]), bw)
-        table = tables.table(name, microbatch_size, tp, bool(recompute) and recompute[s])
-        cap = infos[name].memory_cap_bytes - table.transient_max_bytes()
+        out.append(comm_s)
+    return out
+
+
+def _transient_max_bytes(tables: CostTables, table: LayerTable) -> float:
+    """``table.transient_max_bytes()``, kept with the solved shapes (read once per stage of
+    every recompute count tried)."""
+    key = ("transient", table.device_type, table.microbatch_size, table.tp, table.recompute)
+    found = tables.templates.get(key)
+    if found is None:
+        found = tables.templates[key] = table.transient_max_bytes()
+    return cast("float", found)
+
+
+def _build_template(
+    tables: CostTables,
+    infos: dict[str, TypeInfo],
+    stage_types: tuple[tuple[str, int], ...],
+    microbatch_size: int,
+    recompute: tuple[bool, ...],
+    shard: tuple[Sharding, int] | None = None,
+    state_tables: dict[tuple[str, bool], LayerTable] | None = None,
+    comms: list[float] | None = None,
+) -> Template | None:
+    """The split for this shape with recompute on the stages marked in ``recompute`` (empty or
+    all False: none), every stage's state sharded at ``shard``'s level over its count of
+    replicas (None: unsharded); None if it cannot fit in memory. ``comms``: the stages'
+    :func:`_stage_comm_s`, where the caller solves the shape more than once."""
+    model = tables.model
+    p = len(stage_types)
+    stages: list[StageCosts] = []
+    recompute = recompute if any(recompute) else ()
+    if shard is not None and any(tp != 1 for _, tp in stage_types):
+        return None  # the engine shards tp-1 stages only (worker/topology.check_executable)
+    tables_by_key = {} if state_tables is None else state_tables
+    if comms is None:
+        comms = _stage_comm_s(tables, infos, stage_types, microbatch_size)
+    for s, (name, tp) in enumerate(stage_types):
+        comm_s = comms[s]
+        on = bool(recompute) and recompute[s]
+        table = tables.table(name, microbatch_size, tp, on)
+        cap = infos[name].memory_cap_bytes - (_transient_max_bytes(tables, table) if on else 0.0)
         if shard is not None:
             state_table = tables_by_key.get((name, table.recompute))
             if state_table is None:
@@ -328,10 +408,13 @@ def homogeneous_templates(
     microbatch_size: int,
     sharded: Sharding | None = None,
     max_replicas: int | None = None,
+    variants: bool = False,
 ) -> list[Template]:
     """Every feasible single-type pipeline shape for ``device_type``; with ``sharded``, also
     the tp-1 shapes that fit only with their state sharded at that level over as many replicas
-    as the type's devices (and ``max_replicas``) allow."""
+    as the type's devices (and ``max_replicas``) allow, and with ``variants`` the tp-1 shapes
+    that fit unsharded once more, sharded so (their optimizer step divided across the
+    replicas, the split solved again in the memory sharding frees)."""
     info = infos[device_type]
     limit = tables.training.max_pipeline_stages or tables.model.num_planner_layers
     out = []
@@ -342,7 +425,9 @@ def homogeneous_templates(
             shape = ((device_type, tp),) * p
             t = build_template(tables, infos, shape, microbatch_size)
             k = min(info.num_devices // p, max_replicas or info.num_devices)
-            if t is None and sharded is not None and tp == 1 and k >= 2:
+            if sharded is not None and tp == 1 and k >= 2 and (t is None or variants):
+                if t is not None:
+                    out.append(t)
                 t = build_template(tables, infos, shape, microbatch_size, (sharded, k))
             if t is not None:
                 out.append(t)

@@ -1,0 +1,166 @@
+"""The search's shortcuts give what the long way gives.
+
+- The split's greedy bisection skips budgets where a failed pass would fail again: same least
+  budget as plain bisection, in fewer passes.
+- The common deadline of a selection is found among the instants replicas finish microbatches:
+  the same microbatch counts as bisection over time.
+- A shape whose memory caps cannot hold its layers' least needs is refused unsolved: only
+  shapes that no split fits, with any stages recomputing.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import orchestrator.planner.partition as partition
+import orchestrator.planner.templates as templates
+from orchestrator.costmodel import CostTables
+from orchestrator.planner.batching import Group, _microbatches_by, pipeline_deadline_s
+from orchestrator.planner.partition import StageCosts
+from orchestrator.spec import ClusterSpec, ModelSpec, TrainingSpec
+
+from .test_partition_and_batching import _literal_table
+
+
+def _counting(calls: dict[str, int]):
+    def check(*args):
+        calls["plain"] += 1
+        return partition._greedy(*args)
+
+    return check
+
+
+def _counting_event(calls: dict[str, int], event_pass):
+    def check(*args):
+        calls["skipping"] += 1
+        return event_pass(*args)
+
+    return check
+
+
+def test_greedy_bisection_with_skips_ends_where_plain_bisection_ends() -> None:
+    rng = random.Random(3)
+    fewer = 0
+    for _ in range(300):
+        n = rng.randint(2, 30)
+        p = rng.randint(1, min(6, n))
+        stages = [
+            StageCosts(
+                _literal_table(
+                    [rng.choice([0.1, 1.0, 5.0]) * rng.random() for _ in range(n)],
+                    [rng.random() for _ in range(n)],
+                ),
+                rng.choice([0.0, 0.3]),
+                1,
+                rng.choice([float("inf"), 4.0, 2.0]),
+            )
+            for _ in range(p)
+        ]
+        hi = max(s.table.compute_s(0, n) + s.comm_s for s in stages) * (1 + 1e-12)
+        start = partition._greedy(stages, n, hi)
+        if start is None:
+            continue
+        calls = {"plain": 0, "skipping": 0}
+        _, plain_hi, _ = partition._bisect(_counting(calls), stages, n, 0.0, hi, start)
+        event_pass = partition._greedy_event
+        partition._greedy_event = _counting_event(calls, event_pass)  # type: ignore[assignment]
+        try:
+            _, new_hi, found = partition._bisect_greedy(stages, n, 0.0, hi, start)
+        finally:
+            partition._greedy_event = event_pass  # type: ignore[assignment]
+        assert new_hi == pytest.approx(plain_hi, rel=2e-7)
+        assert partition._bottleneck_s(stages, found) <= new_hi * (1 + 1e-12)
+        fewer += calls["skipping"] < calls["plain"]
+    assert fewer > 100  # the skips save passes on most instances
+
+
+def _plain_deadline(shape: list[tuple[int, float, float]], total: int) -> float:
+    """Bisection over time, as the search did before."""
+
+    def done_by(deadline: float) -> int:
+        return sum(c * (int((deadline - s) / t) + 1) for c, s, t in shape if deadline >= s)
+
+    lo = max(s for _, s, _ in shape)
+    if done_by(lo) >= total:
+        return lo
+    rate = sum(c / t for c, _, t in shape)
+    offset = sum(c * s / t for c, s, t in shape)
+    lo = max(lo, (total - sum(c for c, _, _ in shape) + offset) / rate)
+    hi = max(lo, (total + offset) / rate) * (1 + 1e-12)
+    while done_by(hi) < total:
+        hi += max(t for _, _, t in shape)
+    for _ in range(80):
+        if hi - lo <= 1e-12 * hi:
+            break
+        mid = (lo + hi) / 2
+        if done_by(mid) >= total:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+class _Shape:
+    def __init__(self, sum_s: float, bottleneck_s: float) -> None:
+        self.sum_s, self.bottleneck_s = sum_s, bottleneck_s
+
+
+def test_deadline_among_finish_instants_gives_the_counts_of_bisection() -> None:
+    rng = random.Random(11)
+    for _ in range(5000):
+        shape = []
+        for _ in range(rng.randint(1, 5)):
+            t = rng.choice([0.1, 0.25, 1 / 3, 0.7, 1.0, rng.uniform(0.05, 2.0)])
+            shape.append((rng.randint(1, 8), t * rng.randint(1, 6) * rng.choice([1, 0.8]), t))
+        total = rng.randint(sum(c for c, _, _ in shape), 400)
+        groups = [Group(_Shape(s, t), c) for c, s, t in shape]  # type: ignore[arg-type]
+        found = pipeline_deadline_s(groups, total)
+        want = _plain_deadline(shape, total)
+        assert found == pytest.approx(want, rel=1e-11)
+        assert [_microbatches_by(g.template, found) for g in groups] == [
+            _microbatches_by(g.template, want) for g in groups
+        ]
+
+
+def test_memory_rule_refuses_only_shapes_no_split_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 13B-like model on 16 GiB and 24 GiB devices: shallow pipelines cannot hold it.
+    model = ModelSpec(
+        name="gpt-24L",
+        num_layers=24,
+        hidden_size=5120,
+        num_heads=40,
+        sequence_length=2048,
+        vocab_size=50257,
+        dtype="bf16",
+    )
+    cluster = ClusterSpec(
+        node_groups=[
+            {"name": t.lower(), "device_type": t, "num_nodes": 1, "devices_per_node": 8}
+            for t in ("T4", "L4")
+        ]
+    ).resolve()
+    training = TrainingSpec(global_batch_size=64, microbatch_sizes=[1, 2])
+    tables = CostTables.for_cluster(model, training, cluster)
+    infos = templates.type_infos(cluster, model, training)
+    shapes = [
+        (("T4", tp),) * a + (("L4", tp),) * b
+        for tp in (1, 2)
+        for a in range(0, 8 // tp + 1)
+        for b in range(0, 8 // tp + 1)
+        if a + b > 0
+    ]
+    ruled, solved = 0, 0
+    rule = templates._memory_rules_out
+    for mbs in (1, 2):
+        for shape in shapes:
+            out = rule(tables, infos, shape, mbs)
+            monkeypatch.setattr(templates, "_memory_rules_out", lambda *a: False)
+            found = templates._solve_template(tables, infos, shape, mbs, None)
+            monkeypatch.setattr(templates, "_memory_rules_out", rule)
+            if out:
+                assert found is None, shape
+                ruled += 1
+            solved += found is not None
+    assert ruled > 0 and solved > 0  # both kinds occur here
