@@ -35,7 +35,7 @@ def _tables(training: TrainingSpec) -> tuple[CostTables, object]:
 
 def test_tp_2_times_are_the_measured_tp_1_times_scaled() -> None:
     training = TrainingSpec(global_batch_size=8, microbatch_sizes=[1], max_tensor_parallel=2)
-    tables, c = _tables(training)
+    tables, _ = _tables(training)
     one, two = tables.table("slow", 1, 1), tables.table("slow", 1, 2)
     device = tables.device_types["slow"]
     datasheet = analytic_layer_time(MODEL, training, device, 2, 1, 2, 0.0)
