@@ -148,7 +148,9 @@ ORCHESTRATOR = RuntimePreset(
     # worker/engine.py EngineConfig.grad_bucket_mb = 25 (DDP's bucket_cap_mb), in MiB; a model
     # whose gradients fit one bucket gets no overlap at all.
     grad_bucket_bytes=25.0 * 1024 * 1024,
-    gathered_layers=None,  # worker/sharding.py gathers a step's parameters once
+    # worker/sharding.py gathers a step's parameters once (layer-by-layer plans excepted:
+    # layerwise_sharded_replicas)
+    gathered_layers=None,
     blocks_sharded_reduction=True,
     whole_gradients_at_peak=True,
     optimizer_sharding_all_reduces=True,
