@@ -251,7 +251,8 @@ def apply(
     out = list(devices)
     if not any(st.sharding is not Sharding.NONE for rep in plan.replicas for st in rep.stages):
         return out  # the common case: nothing to adjust, no per-layer scan
-    if layerwise and runs_layer_by_layer(plan):
+    # tied weights keep the once-a-step path on our engine (worker/layerwise.applies)
+    if layerwise and runs_layer_by_layer(plan) and not model.tie_embeddings:
         return _apply_layerwise(plan, out, model, training, holder_bandwidth)
     index = {(d.replica, d.stage): i for i, d in enumerate(out)}
     # Per (layer, tp) and per sync case: identical holders (whole replicas of one shape) would

@@ -51,7 +51,7 @@ def state_floor_bytes(
     is refused without costing it."""
     model, training = tables.model, tables.training
     table = tables.table(device_type, microbatch_size, 1)
-    whole_model = start == 0 and end == model.num_planner_layers
+    whole_model = start == 0 and end == model.num_planner_layers and not model.tie_embeddings
     if tables.runtime.layerwise_sharded_replicas and level.shards_gradients and whole_model:
         # every holder a whole one-stage replica: the runtime shards layer by layer
         held = sum(sharding.layerwise_state_bytes(model, training, range(end), level, k))
