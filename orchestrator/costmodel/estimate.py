@@ -317,6 +317,7 @@ def estimate_with_tables(
         tables.runtime.gathered_layers,
         tables.runtime.whole_gradients_at_peak,
         tables.runtime.optimizer_sharding_all_reduces,
+        tables.runtime.layerwise_sharded_replicas,
     )
     tail = max(d.allreduce_s + d.update_s for d in devices)
     worst = max(devices, key=lambda d: d.allreduce_s + d.update_s)

@@ -96,6 +96,11 @@ class RuntimePreset:
     # ``gradients``), so its gather adds to plain data parallel's traffic; False: gradients
     # reduce-scattered and slices all-gathered (DeepSpeed's ZeRO-1), the all-reduce's volume.
     optimizer_sharding_all_reduces: bool = False
+    # Whether plans of one-stage replicas all sharding ``gradients`` or ``full`` run layer by
+    # layer (our engine: worker/layerwise.py; costmodel/sharding.runs_layer_by_layer): per-layer
+    # gathers and reductions every microbatch, one layer whole at a time, in place of the
+    # flags above.
+    layerwise_sharded_replicas: bool = False
 
     def state_terms(self, model: ModelSpec, training: TrainingSpec) -> StateTerms:
         """Per-parameter bytes of weights, gradients, optimizer state and weight copies."""
@@ -143,10 +148,13 @@ ORCHESTRATOR = RuntimePreset(
     # worker/engine.py EngineConfig.grad_bucket_mb = 25 (DDP's bucket_cap_mb), in MiB; a model
     # whose gradients fit one bucket gets no overlap at all.
     grad_bucket_bytes=25.0 * 1024 * 1024,
-    gathered_layers=None,  # worker/sharding.py gathers a step's parameters once
+    # worker/sharding.py gathers a step's parameters once (layer-by-layer plans excepted:
+    # layerwise_sharded_replicas)
+    gathered_layers=None,
     blocks_sharded_reduction=True,
     whole_gradients_at_peak=True,
     optimizer_sharding_all_reduces=True,
+    layerwise_sharded_replicas=True,
 )
 
 MEGATRON_DEEPSPEED = RuntimePreset(

@@ -28,11 +28,24 @@ bigger microbatch) and the link moves a step's gathers within a step's compute.
 The optimizer step of a sharded holder updates its slice only: ``1/k`` of the layer's update
 time.
 
+Layer by layer (``runs_layer_by_layer``: one-stage replicas all sharding ``gradients`` or
+``full``, ``RuntimePreset.layerwise_sharded_replicas``), our engine gathers a layer before its
+forward and again before its backward and reduces its gradient onto the owners as its backward
+ends, every microbatch round (``worker/layerwise.py``). A holder then keeps its slices, one
+layer's whole gradients (``LAYERWISE_GRAD_LAYERS``) and under ``full`` one layer's whole weights
+(``LAYERWISE_GATHERED_LAYERS``; no prefetch, so not FSDP's two); under ``full`` its weight slice
+is the fp32 master slice its optimizer steps, counted once (:func:`layerwise_state_bytes`). The
+collectives run once per round, ``R`` rounds a step (the group's largest microbatch count,
+:func:`layerwise_rounds`), synchronously, so they do not hide behind compute:
+``R (k-1)/k P (2 w + g)`` under ``full``, ``R (k-1)/k P g`` plus the gather of the updated
+slices ``(k-1)/k P w`` under ``gradients`` (:func:`layerwise_sync_s`).
+
 Pure: no torch or ray.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -42,6 +55,29 @@ from orchestrator.spec.plan import Plan, Sharding, StageSpec
 
 # FSDP holds the layer it computes and the one it prefetches.
 GATHERED_LAYERS = 2
+# Our layer-by-layer path (worker/layerwise.py) frees a layer before it gathers the next (no
+# prefetch), and reduces a layer's gradient buffer before the next layer's backward starts:
+# one layer of each at once (the step's memory report counts them).
+LAYERWISE_GATHERED_LAYERS = 1
+LAYERWISE_GRAD_LAYERS = 1
+
+
+def runs_layer_by_layer(plan: Plan) -> bool:
+    """Whether our engine runs ``plan``'s sharding layer by layer (``worker/layerwise.py``):
+    two or more replicas, each one tp-1 stage holding every layer, all sharding ``gradients``
+    or all ``full``. Each holder then runs all its layers forward and backward per microbatch,
+    so per-layer gathers and reductions line up across holders (the ones with fewer
+    microbatches run empty rounds). Other sharded plans gather once a step and reduce after the
+    backward."""
+    if len(plan.replicas) < 2:
+        return False
+    stages = [rep.stages[0] for rep in plan.replicas if len(rep.stages) == 1]
+    if len(stages) != len(plan.replicas):
+        return False
+    levels = {st.sharding for st in stages}
+    if len(levels) != 1 or not levels.pop().shards_gradients:
+        return False
+    return all(st.tp == 1 and st.layers == (0, plan.num_layers) for st in stages)
 
 
 def state_parts_bytes(
@@ -107,6 +143,46 @@ def shard_of(
     return weights / k + kept_grads + opt / k
 
 
+def layerwise_rounds(plan: Plan) -> int:
+    """Rounds of per-layer collectives a layer-by-layer step runs on every holder: the largest
+    microbatch count among the replicas (those with fewer run empty rounds)."""
+    return max(math.ceil(rep.batch_size / plan.microbatch_size) for rep in plan.replicas)
+
+
+def layerwise_state_bytes(
+    model: ModelSpec, training: TrainingSpec, layers: Sequence[int], level: Sharding, k: int
+) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes one of ``k`` layer-by-layer holders of
+    ``layers`` holds at the step's peak: the slices of the state (the fp32 master slice with
+    the optimizer state), ``LAYERWISE_GRAD_LAYERS`` of the largest layers' whole gradients, and
+    the whole weights (``gradients``) or under ``full`` ``LAYERWISE_GATHERED_LAYERS`` layers'
+    whole weights, whose slice the master is (where there is no separate master, the 16-bit
+    weights, a slice of them is kept besides)."""
+    parts = [state_parts_bytes(model, training, i, 1) for i in layers]
+    masters = [master_bytes(model, training, i, 1) for i in layers]
+    weights = sum(p[0] for p in parts)
+    grads = sum(p[1] for p in parts) / k
+    grads += sum(sorted((p[1] for p in parts), reverse=True)[:LAYERWISE_GRAD_LAYERS])
+    opt = (sum(p[2] for p in parts) + sum(masters)) / k
+    if level is Sharding.FULL:
+        largest = sorted((p[0] for p in parts), reverse=True)[:LAYERWISE_GATHERED_LAYERS]
+        weights = sum(largest) + (0.0 if sum(masters) else weights / k)
+    return weights, grads, opt
+
+
+def layerwise_sync_s(
+    weights: float, grads: float, level: Sharding, k: int, rounds: int, bandwidth: float
+) -> float:
+    """Seconds a layer-by-layer holder spends on one layer's collectives in a step beyond plain
+    data parallel's ring all-reduce (``weights``/``grads``: the layer's bytes)."""
+    frac = (k - 1) / k
+    if level is Sharding.FULL:
+        moved = rounds * frac * (2 * weights + grads)
+    else:
+        moved = rounds * frac * grads + frac * weights
+    return (moved - 2 * frac * grads) / bandwidth
+
+
 def gathered_bytes(
     model: ModelSpec,
     training: TrainingSpec,
@@ -158,6 +234,7 @@ def apply(
     gathered_layers: int | None = GATHERED_LAYERS,
     whole_grads: bool = False,
     zero1_all_reduces: bool = False,
+    layerwise: bool = False,
 ) -> list[DeviceEstimate]:
     """The devices' estimates with sharded stages' memory and synchronisation adjusted.
 
@@ -167,11 +244,16 @@ def apply(
     during the step. ``zero1_all_reduces``
     (``RuntimePreset.optimizer_sharding_all_reduces``): at ``optimizer`` the runtime all-reduces
     whole gradients even where every holder shards, so the gather of the updated slices is
-    charged on top, as where some holders do not shard.
+    charged on top, as where some holders do not shard. ``layerwise``
+    (``RuntimePreset.layerwise_sharded_replicas``): plans that :func:`runs_layer_by_layer` are
+    charged the layer-by-layer path's memory and collectives instead.
     """
     out = list(devices)
     if not any(st.sharding is not Sharding.NONE for rep in plan.replicas for st in rep.stages):
         return out  # the common case: nothing to adjust, no per-layer scan
+    # tied weights keep the once-a-step path on our engine (worker/layerwise.applies)
+    if layerwise and runs_layer_by_layer(plan) and not model.tie_embeddings:
+        return _apply_layerwise(plan, out, model, training, holder_bandwidth)
     index = {(d.replica, d.stage): i for i, d in enumerate(out)}
     # Per (layer, tp) and per sync case: identical holders (whole replicas of one shape) would
     # otherwise recompute the same bytes and seconds once each.
@@ -246,3 +328,34 @@ def apply(
             allreduce_s=max(0.0, d.allreduce_s + extra_s[i]) + exposed,
         )
     return out
+
+
+def _apply_layerwise(
+    plan: Plan,
+    devices: list[DeviceEstimate],
+    model: ModelSpec,
+    training: TrainingSpec,
+    holder_bandwidth: Callable[[list[StageSpec]], float],
+) -> list[DeviceEstimate]:
+    """:func:`apply` for a plan whose holders run layer by layer (each a whole one-stage
+    replica, all at one level): the same terms on every holder."""
+    stages = [rep.stages[0] for rep in plan.replicas]
+    level, k = stages[0].sharding, len(stages)
+    layers = range(plan.num_layers)
+    held = sum(layerwise_state_bytes(model, training, layers, level, k))
+    whole = sum(sum(state_parts_bytes(model, training, i, 1)) for i in layers)
+    bandwidth = holder_bandwidth(stages)
+    rounds = layerwise_rounds(plan)
+    extra_s = 0.0
+    for i in layers:
+        weights, grads, _ = state_parts_bytes(model, training, i, 1)
+        extra_s += layerwise_sync_s(weights, grads, level, k, rounds, bandwidth)
+    return [
+        replace(
+            d,
+            memory_bytes=d.memory_bytes - whole + held,
+            update_s=d.update_s / k,
+            allreduce_s=max(0.0, d.allreduce_s + extra_s),
+        )
+        for d in devices
+    ]

@@ -23,9 +23,10 @@ from orchestrator.costmodel.tables import CostTables
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.plan import Plan, ReplicaSpec, Sharding, StageSpec
 
-# Tried in this order; a later level is kept only when strictly faster (on our engine ``full``
-# moves what ``gradients`` moves and holds no less, so it wins only where the runtime gathers
-# layer by layer).
+# Tried in this order; a later level is kept only when strictly faster. Where every device is
+# a sharded holder our engine runs ``gradients`` and ``full`` layer by layer
+# (``costmodel.sharding.runs_layer_by_layer``), so ``full`` holds about one layer's whole
+# weights: the level that serves a model whose state fits only with its parameters sharded.
 LEVELS = (Sharding.OPTIMIZER, Sharding.GRADIENTS, Sharding.FULL)
 
 
@@ -117,7 +118,23 @@ def state_floor_bytes(
     counts it: a lower bound on its estimated memory, so a candidate above the device's memory
     is refused without costing it."""
     table = tables.table(device_type, microbatch_size, 1)
-    whole = start == 0 and end == tables.model.num_planner_layers
+    model, training = tables.model, tables.training
+    whole = start == 0 and end == model.num_planner_layers
+    if (
+        tables.runtime.layerwise_sharded_replicas
+        and level.shards_gradients
+        and whole
+        and not model.tie_embeddings
+    ):
+        # every holder a whole one-stage replica: the runtime shards layer by layer
+        held = sum(sharding.layerwise_state_bytes(model, training, range(end), level, k))
+        unsharded = sum(sum(sharding.state_parts_bytes(model, training, i, 1)) for i in range(end))
+        return (
+            table.state_bytes(0, end)
+            - unsharded
+            + held
+            + tables.framework_overhead_bytes(device_type)
+        )
     saved, gathered = (
         _saved_bytes(tables, level, k) if whole else _saved(tables, start, end, level, k)
     )

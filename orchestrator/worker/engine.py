@@ -24,7 +24,7 @@ import torch.distributed as dist
 from orchestrator.errors import SpecError
 from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import MemoryUse
-from orchestrator.worker import evaluate, recompute, sharding, tensor_parallel, topology
+from orchestrator.worker import evaluate, layerwise, recompute, sharding, tensor_parallel, topology
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.dropout import sample_streams
 from orchestrator.worker.emulation import Stretcher
@@ -201,6 +201,7 @@ class StageEngine:
         self.tied: TiedGradients | None = None
         self.grad_sync: OverlappedGradSync | None = None
         self.sharding: sharding.ShardedState | None = None
+        self.layerwise: layerwise.LayerwiseZero | None = None  # per-layer ZeRO (worker/layerwise)
         self.runner: PipelineRunner | None = None
         self.device_memory: DeviceMemory | None = None
         self._activations: ActivationAccount | None = None
@@ -257,6 +258,10 @@ class StageEngine:
             self.groups.handles,
             tied_copies(self.model),
         )
+        if self.sharding.groups and layerwise.applies(self.config.plan, self.model):
+            self.layerwise = layerwise.LayerwiseZero(
+                self.config.plan, self.sharding, self.layers, lambda: self._activations
+            )
         # Every holder of a gradient group must build the same buffers, so the choice is the
         # plan's, not the rank's: sharded groups that reduce their own gradients
         # (worker/sharding.py) and tensor-parallel stages (whole-shape contributions of DTensor
@@ -311,7 +316,9 @@ class StageEngine:
         counted = memory_use(
             self.layers.values(), optimizers, self.runner.activations, self.device_memory, masters
         )
-        if self.sharding is not None:
+        if self.layerwise is not None:
+            counted = self.layerwise.memory(counted)
+        elif self.sharding is not None:
             # The state's peak is the end of the backward: whole gradients (the slices that
             # replace them come after), and for ``full`` the whole parameters, released after it.
             held = counted.weights_bytes + self.sharding.released_weight_bytes()
@@ -367,7 +374,8 @@ class StageEngine:
         # a layer kept across a change of plan may arrive with its last step's gradients.
         for layer in self.layers.values():
             layer.zero_grad(set_to_none=True)
-        self._gather_parameters()
+        if self.layerwise is None:
+            self._gather_parameters()  # layer by layer, each layer is gathered where it runs
         inputs, targets = self._batch(step)
         sizes = microbatch_sizes(self.spec.replica_batch_size, self.config.plan.microbatch_size)
         weights = [m / self.config.plan.global_batch_size for m in sizes]
@@ -375,11 +383,15 @@ class StageEngine:
         self._step_scale = scale
         if self.grad_sync is not None:
             self.grad_sync.begin(len(sizes))
+        if self.layerwise is not None:
+            self.layerwise.begin(len(sizes))
         offset = self.spec.replica_sample_offset
         self.runner.activations = self._activations if self._counts_memory(step) else None
         self._steps_run += 1
         with sample_streams(self.config.seed, step, offset, sizes):  # seeded dropout, if any
             loss = self.runner.run(self.config.schedule, sizes, weights, inputs, targets, scale)
+        if self.layerwise is not None:
+            self.layerwise.finish()  # the empty rounds; the gradient slice is summed
         if self.grad_sync is not None:
             self.grad_sync.finish()
         elif self.sharding is not None:
@@ -394,8 +406,10 @@ class StageEngine:
         if self.scaling is None or not self.scaling.overflowed:  # fp16 overflow: skipped below
             # Before any update: a non-finite step is stopped here, or skipped (its gradients
             # dropped and no optimizer stepped, so weights and optimizer state stay as they are).
-            self._skip_update = not self.finite_guard.check(step, loss, self.layers, self.device)
-        if self.sharding is not None and not self._skip_update:
+            self._skip_update = not self.finite_guard.check(
+                step, loss, self.layers, self.device, self._slice_grads()
+            )
+        if self.sharding is not None and self.layerwise is None and not self._skip_update:
             self._backward_grad_bytes = storage_bytes(
                 p.grad for layer in self.layers.values() for p in layer.parameters()
             )
@@ -405,6 +419,13 @@ class StageEngine:
             self._clip_gradients(self.recipe.grad_clip_norm * scale)
         self._step = step
         return loss
+
+    def _slice_grads(self) -> list[torch.Tensor]:
+        """Gradient slices already reduced in the backward (layer by layer), for the finite
+        check: the layers themselves hold no gradient then."""
+        if self.layerwise is None or self.sharding is None:
+            return []
+        return [g.grad_slice for g in self.sharding.groups if g.grad_slice is not None]
 
     def _gather_parameters(self) -> None:
         """``sharding: full``: whole parameters from the shard group's slices before they are
@@ -582,7 +603,10 @@ class StageEngine:
 
         if self.grad_sync is not None:
             self.grad_sync.close()
+        if self.layerwise is not None:
+            self.layerwise.close()
         self.grad_sync = None
+        self.layerwise = None
         self.groups = None
         self.runner = None
         if self.tied is not None:
@@ -598,9 +622,12 @@ class StageEngine:
         """Leave the process groups (safe to call twice)."""
         if self.grad_sync is not None:
             self.grad_sync.close()
+        if self.layerwise is not None:
+            self.layerwise.close()
         if dist.is_initialized():
             dist.destroy_process_group()
         self.groups = None
+        self.layerwise = None
         self.grad_sync = None
         self.sharding = None
         self.runner = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -37,9 +37,15 @@ class FiniteGuard:
         self.skipped_steps: list[int] = []
 
     def check(
-        self, step: int, loss: float | None, layers: Mapping[int, nn.Module], device: torch.device
+        self,
+        step: int,
+        loss: float | None,
+        layers: Mapping[int, nn.Module],
+        device: torch.device,
+        extra_grads: Sequence[torch.Tensor] = (),
     ) -> bool:
-        """True when the step may be applied; False when it was skipped (gradients dropped)."""
+        """True when the step may be applied; False when it was skipped (gradients dropped).
+        ``extra_grads``: gradients held outside the layers (sharded slices), checked too."""
         # A tensor-parallel slice is checked as this rank's local tensor (the flags are
         # all-reduced below, so every slice is seen).
         grads = [
@@ -47,7 +53,7 @@ class FiniteGuard:
             for layer in layers.values()
             for p in layer.parameters()
             if p.grad is not None
-        ]
+        ] + list(extra_grads)
         grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
         flags = torch.tensor(
             [

@@ -111,6 +111,14 @@ class ActivationAccount:
         """The parameters whose storage is not an activation (again after a gather moved them)."""
         self._params = {_storage_key(_local(p))[0] for p in parameters}
 
+    def add_parameters(self, parameters: Iterable[torch.Tensor]) -> None:
+        """Parameters gathered into new storage (worker/layerwise.py): not activations."""
+        self._params.update(_storage_key(_local(p))[0] for p in parameters)
+
+    def drop_parameters(self, parameters: Iterable[torch.Tensor]) -> None:
+        """Parameters about to be freed: their storage may next hold an activation."""
+        self._params.difference_update(_storage_key(_local(p))[0] for p in parameters)
+
     def reset(self) -> None:
         """Start a new step (nothing in flight)."""
         self._live_refs: dict[int, int] = {}

@@ -28,6 +28,9 @@ microbatch, and the holders of a group run different numbers of microbatches (un
 shares) in different pipeline schedules, so per-microbatch gathers could not be matched across
 them. One gather per step is FSDP2's ``reshard_after_forward=False`` with
 ``set_reshard_after_backward(False)``: whole weights during the step, slices between steps.
+Where every holder is a one-stage replica sharding ``gradients`` or ``full``, the step runs
+layer by layer instead (``worker/layerwise.py``: per-layer gathers and reductions every
+microbatch, over these same slices), and :meth:`ShardedState.after_backward` is not used.
 
 States move in two forms, like tensor parallel's: ``layer_states`` gives this rank's params
 (whole) and its slice of the optimizer state under a ``"zero_shard"`` record;

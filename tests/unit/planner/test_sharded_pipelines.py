@@ -75,13 +75,14 @@ def test_without_an_optimizer_step_to_save_the_pipelines_stay_unsharded() -> Non
 
 def test_a_pipeline_that_fits_only_sharded_is_planned_sharded() -> None:
     # 0.36 GiB a device, at most 2 stages: half the model unsharded (~0.39 GiB) does not fit a
-    # device, nor does a whole replica sharded over four (its weights and, on our runtime, its
-    # gradients stay whole at the step's peak), so no plan fits unsharded. Two 2-stage
-    # pipelines sharding optimizer state (and the fp32 copy it steps) over their pair fit; sharding
-    # gradients too would save nothing at the peak on our runtime, so the lighter level wins.
+    # device, so no plan fits unsharded; a batch of 2 leaves no sample for whole replicas on
+    # all four devices (fully sharded layer by layer, they would fit: test_layerwise_sharded).
+    # Two 2-stage pipelines sharding optimizer state (and the fp32 copy it steps) over their
+    # pair fit; sharding gradients too would save nothing at the peak on our runtime (a
+    # pipeline's stages reduce after the backward), so the lighter level wins.
     c = cluster(("dev", 1, 4), memory_gib={"dev": 0.36}).resolve()
     t = TrainingSpec(
-        global_batch_size=8,
+        global_batch_size=2,
         microbatch_sizes=[1],
         activation_recompute=False,
         max_tensor_parallel=1,

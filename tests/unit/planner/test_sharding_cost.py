@@ -37,7 +37,11 @@ FSDP_LIKE = replace(
     gathered_layers=2,
     blocks_sharded_reduction=False,
     whole_gradients_at_peak=False,
+    layerwise_sharded_replicas=False,
 )
+# Our engine's once-a-step path (worker/sharding.py), which pipelined sharded layouts run; the
+# whole-replica layout of these tests runs layer by layer (worker/layerwise.py) on our engine.
+ONCE_A_STEP = replace(ORCHESTRATOR, name="once-a-step", layerwise_sharded_replicas=False)
 
 
 def _estimate(plan: Plan, bandwidth: float = 1e30, runtime: RuntimePreset = FSDP_LIKE):
@@ -111,8 +115,8 @@ def test_our_full_sharding_holds_the_stage_whole_and_moves_what_zero2_moves() ->
     ZeRO-2's."""
     m, t = model(2), training(3)
     parts = [state_parts_bytes(m, t, i, 1) for i in range(4)]
-    whole = _estimate(_plan("none"), runtime=ORCHESTRATOR).devices[0].memory_bytes
-    full = _estimate(_plan("full"), runtime=ORCHESTRATOR).devices[0].memory_bytes
+    whole = _estimate(_plan("none"), runtime=ONCE_A_STEP).devices[0].memory_bytes
+    full = _estimate(_plan("full"), runtime=ONCE_A_STEP).devices[0].memory_bytes
     total = sum(sum(p) for p in parts)
     weights = sum(p[0] for p in parts)
     grads = sum(p[1] for p in parts)
@@ -120,11 +124,11 @@ def test_our_full_sharding_holds_the_stage_whole_and_moves_what_zero2_moves() ->
     saved = total * 2 / 3 - weights - grads * 2 / 3 - master / 3
     assert whole - full == pytest.approx(saved, rel=1e-9)
     for bandwidth in (1e30, 1e-2):
-        ours = _estimate(_plan("full"), bandwidth, ORCHESTRATOR).step_time_s
-        zero2 = _estimate(_plan("gradients"), bandwidth, ORCHESTRATOR).step_time_s
+        ours = _estimate(_plan("full"), bandwidth, ONCE_A_STEP).step_time_s
+        zero2 = _estimate(_plan("gradients"), bandwidth, ONCE_A_STEP).step_time_s
         assert ours == pytest.approx(zero2, rel=1e-9)
     # and never less memory than ZeRO-2 on our engine (the slices add to whole weights)
-    zero2_memory = _estimate(_plan("gradients"), runtime=ORCHESTRATOR).devices[0].memory_bytes
+    zero2_memory = _estimate(_plan("gradients"), runtime=ONCE_A_STEP).devices[0].memory_bytes
     assert full >= zero2_memory
 
 
@@ -173,16 +177,44 @@ def test_our_engine_reduces_fully_sharded_gradients_after_the_backward() -> None
     assert zero1.allreduce_total_s == pytest.approx(plain.allreduce_total_s)
 
 
-def test_on_our_engine_sharding_gradients_saves_no_peak_memory_over_the_optimizer_level() -> (
-    None
-):
+def test_on_our_engine_sharding_gradients_saves_no_peak_memory_over_the_optimizer_level() -> None:
     # worker/sharding.after_backward reduces gradients to slices only after the backward, so at
     # the step's peak every holder holds them whole: the cost model must not count them / k.
     def memory(level: str, runtime: RuntimePreset) -> float:
         return _estimate(_plan(level), runtime=runtime).devices[0].memory_bytes
 
-    assert memory("gradients", ORCHESTRATOR) == pytest.approx(memory("optimizer", ORCHESTRATOR))
+    assert memory("gradients", ONCE_A_STEP) == pytest.approx(memory("optimizer", ONCE_A_STEP))
     assert memory("gradients", FSDP_LIKE) < memory("optimizer", FSDP_LIKE)
+    # layer by layer (every holder a whole one-stage replica) only one layer's gradients stay
+    # whole beside the slice
+    assert memory("gradients", ORCHESTRATOR) < memory("optimizer", ORCHESTRATOR)
+
+
+def test_layer_by_layer_holds_a_third_plus_one_layer_and_pays_each_rounds_collectives() -> None:
+    """Our engine runs whole-replica sharding at ``gradients``/``full`` layer by layer
+    (worker/layerwise.py): a holder keeps a third of the state, one layer's whole gradients and
+    under ``full`` one layer's whole weights (its weight slice is the fp32 master slice); each
+    microbatch round gathers every layer twice and reduces its gradient, none of it hidden."""
+    m, t = model(2), training(3)
+    parts = [state_parts_bytes(m, t, i, 1) for i in range(4)]
+    master = sum(master_bytes(m, t, i, 1) for i in range(4))
+    weights = [p[0] for p in parts]
+    grads = [p[1] for p in parts]
+    opt = sum(p[2] for p in parts)
+    whole = _estimate(_plan("none"), runtime=ORCHESTRATOR).devices[0].memory_bytes
+    for level, held_weights in (("gradients", sum(weights)), ("full", max(weights))):
+        memory = _estimate(_plan(level), runtime=ORCHESTRATOR).devices[0].memory_bytes
+        held = held_weights + sum(grads) / 3 + max(grads) + (opt + master) / 3
+        total = sum(weights) + sum(grads) + opt
+        assert whole - memory == pytest.approx(total - held, rel=1e-9), level
+    # one round a step here (a batch of 1 a replica); the extra traffic beyond the all-reduce
+    slow = 1e3
+    plain = _estimate(_plan("none"), slow, ORCHESTRATOR).devices[0]
+    full = _estimate(_plan("full"), slow, ORCHESTRATOR).devices[0]
+    moved = sum(2 / 3 * (2 * w + g) for w, g in zip(weights, grads, strict=True))
+    assert full.allreduce_s == pytest.approx(
+        plain.allreduce_total_s + moved / slow - (sum(2 * 2 / 3 * g for g in grads) / slow)
+    )
 
 
 def test_our_optimizer_sharding_pays_the_gather_on_top_of_the_all_reduce() -> None:

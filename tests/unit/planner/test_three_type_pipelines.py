@@ -37,8 +37,14 @@ SPEED = {"a": 0.001, "b": 0.002, "c": 0.003}
 TRAINING = TrainingSpec(global_batch_size=8, microbatch_sizes=[1])
 
 
-def _cluster(memory_gib: dict[str, float]) -> Cluster:
-    return cluster(("a", 1, 1), ("b", 1, 1), ("c", 1, 1), memory_gib=memory_gib).resolve()
+def _cluster(memory_gib: dict[str, float], bandwidth: float = 1e30) -> Cluster:
+    return cluster(
+        ("a", 1, 1),
+        ("b", 1, 1),
+        ("c", 1, 1),
+        memory_gib=memory_gib,
+        inter_node_bandwidth_bytes_per_s=bandwidth,
+    ).resolve()
 
 
 def _check_stages(plan: Plan, cluster_: Cluster, tables: CostTables) -> None:
@@ -62,8 +68,8 @@ def _check_stages(plan: Plan, cluster_: Cluster, tables: CostTables) -> None:
 
 def test_a_model_that_fits_only_over_three_types_is_planned_over_all_three() -> None:
     # 0.40 + 0.45 + 0.50 GiB: no two devices hold the 1.16 GiB of state, all three do (two
-    # blocks each); sharded whole replicas keep every layer's weights and gradients whole
-    # (0.58 GiB), more than any device.
+    # blocks each); whole replicas fully sharded over the three, layer by layer, hold a third
+    # of the state plus one block's whole weights and gradients (0.48 GiB), more than "a" or "b".
     c = _cluster({"a": 0.40, "b": 0.45, "c": 0.50})
     p = profiles(SPEED, LAYERS)
     result = make_plan(c, MODEL, TRAINING, p)
@@ -102,10 +108,11 @@ def _one_and_two_type_plans(c: Cluster) -> list[Plan]:
 
 
 def test_a_three_type_pipeline_faster_than_every_one_and_two_type_plan_is_chosen() -> None:
-    # 0.65 GiB each: any two devices hold the model, none alone (nor sharded over three:
-    # weights and gradients whole, plus a third of Adam's moments, 0.77 GiB). A pipeline over
-    # all three types shares the compute three ways.
-    c = _cluster({"a": 0.65, "b": 0.65, "c": 0.65})
+    # 0.65 GiB each: any two devices hold the model, none alone. A pipeline over all three
+    # types shares the compute three ways. Links of 10 GB/s: whole replicas fully sharded over
+    # the three would fit (0.48 GiB) but gather and reduce ~0.6 GB in each microbatch round
+    # (5 a step: "a" takes 5 of the 8 samples), slower than the pipeline.
+    c = _cluster({"a": 0.65, "b": 0.65, "c": 0.65}, bandwidth=10e9)
     p = profiles(SPEED, LAYERS)
     tables = CostTables.for_cluster(MODEL, TRAINING, c, p)
     result = make_plan(c, MODEL, TRAINING, p)

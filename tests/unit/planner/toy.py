@@ -15,13 +15,15 @@ GiB = 1024**3
 HUGE_BANDWIDTH = 1e30  # makes communication cost ~0 so the arithmetic stays on compute
 
 
-def device(name: str, memory_gib: float = 1000.0) -> DeviceType:
+def device(
+    name: str, memory_gib: float = 1000.0, intra_node_bandwidth_bytes_per_s: float = HUGE_BANDWIDTH
+) -> DeviceType:
     return DeviceType(
         name=name,
         memory_bytes=int(memory_gib * GiB),
         peak_flops_per_s={"fp32": 1e12, "fp16": 1e12, "bf16": 1e12},
         memory_bandwidth_bytes_per_s=1e12,
-        intra_node_bandwidth_bytes_per_s=HUGE_BANDWIDTH,
+        intra_node_bandwidth_bytes_per_s=intra_node_bandwidth_bytes_per_s,
         framework_overhead_bytes=0,
     )
 
@@ -30,6 +32,7 @@ def cluster(
     *groups: tuple[str, int, int],
     memory_gib: dict[str, float] | None = None,
     inter_node_bandwidth_bytes_per_s: float = HUGE_BANDWIDTH,
+    intra_node_bandwidth_bytes_per_s: float = HUGE_BANDWIDTH,
 ) -> ClusterSpec:
     """``groups``: (device type, nodes, devices per node); types are defined on the fly."""
     memory_gib = memory_gib or {}
@@ -40,7 +43,9 @@ def cluster(
             for i, (t, n, k) in enumerate(groups)
         ],
         network={"inter_node_bandwidth_bytes_per_s": inter_node_bandwidth_bytes_per_s},
-        device_types=[device(t, memory_gib.get(t, 1000.0)) for t in names],
+        device_types=[
+            device(t, memory_gib.get(t, 1000.0), intra_node_bandwidth_bytes_per_s) for t in names
+        ],
     )
 
 
