@@ -249,11 +249,28 @@ def _bottleneck_s(stages: list[StageCosts], boundaries: list[int]) -> float:
     )
 
 
+def _no_time_limit_s(stages: list[StageCosts], num_layers: int) -> float:
+    """A budget no stage's time can exceed (every stage holding the whole model)."""
+    return max(s.table.compute_s(0, num_layers) + s.comm_s for s in stages) * (1 + 1e-12)
+
+
+def fits_memory(stages: list[StageCosts], num_layers: int) -> bool:
+    """Whether :func:`split_layers` finds a split (memory alone decides it), without solving
+    for the least bottleneck: the same greedy and exact checks at a budget time cannot bind."""
+    if not stages or len(stages) > num_layers:
+        return False
+    hi = _no_time_limit_s(stages, num_layers)
+    return (
+        _greedy(stages, num_layers, hi) is not None
+        or _boundaries(stages, num_layers, hi) is not None
+    )
+
+
 def split_layers(stages: list[StageCosts], num_layers: int) -> Split | None:
     """The split minimising the bottleneck, or None if no split fits in memory."""
     if not stages or len(stages) > num_layers:
         return None
-    hi = max(s.table.compute_s(0, num_layers) + s.comm_s for s in stages) * (1 + 1e-12)
+    hi = _no_time_limit_s(stages, num_layers)
     largest = [_largest_layer(stage) for stage in stages]
 
     def exact(stages: list[StageCosts], num_layers: int, budget_s: float) -> list[int] | None:

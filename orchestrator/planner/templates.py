@@ -16,7 +16,7 @@ from typing import cast
 from orchestrator.costmodel import comm, sharding
 from orchestrator.costmodel.presets import ORCHESTRATOR, RuntimePreset
 from orchestrator.costmodel.tables import CostTables, LayerTable
-from orchestrator.planner.partition import Split, StageCosts, split_layers
+from orchestrator.planner.partition import Split, StageCosts, fits_memory, split_layers
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 from orchestrator.spec.plan import Sharding
@@ -276,22 +276,29 @@ def _solve_template(
             tables, infos, stage_types, microbatch_size, recompute, shard, state_tables, comms
         )
 
+    def fits_with_first(count: int) -> bool:
+        # Whether the count's split exists (memory alone decides it): the bisection below
+        # reads only that, so the split's time is solved once, at the count it finds.
+        recompute = tuple(s < count for s in range(p))
+        stages = _stage_costs(
+            tables, infos, stage_types, microbatch_size, recompute, shard, state_tables, comms
+        )
+        return stages is not None and fits_memory(stages, tables.model.num_planner_layers)
+
     # Bisection over the count: recomputing one more stage lowers that stage's memory (it holds
     # p - s >= 2 microbatches of activations, where recompute keeps their inputs and one
     # block's transient), so whether a split fits only improves with the count, up to p - 1.
     # The last stage holds one microbatch, where recompute does not save: tried on its own.
     lo, hi = 0, p - 1  # no split at 0 recomputing stages; find the least count that has one
-    best = with_first(hi) if hi > 0 else None
-    if best is None:
+    if hi == 0 or not fits_with_first(hi):
         return with_first(p)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        found = with_first(mid)
-        if found is None:
-            lo = mid
+        if fits_with_first(mid):
+            hi = mid
         else:
-            hi, best = mid, found
-    return best
+            lo = mid
+    return with_first(hi)
 
 
 def _stage_comm_s(
@@ -330,21 +337,18 @@ def _transient_max_bytes(tables: CostTables, table: LayerTable) -> float:
     return cast("float", found)
 
 
-def _build_template(
+def _stage_costs(
     tables: CostTables,
     infos: dict[str, TypeInfo],
     stage_types: tuple[tuple[str, int], ...],
     microbatch_size: int,
     recompute: tuple[bool, ...],
-    shard: tuple[Sharding, int] | None = None,
-    state_tables: dict[tuple[str, bool], LayerTable] | None = None,
-    comms: list[float] | None = None,
-) -> Template | None:
-    """The split for this shape with recompute on the stages marked in ``recompute`` (empty or
-    all False: none), every stage's state sharded at ``shard``'s level over its count of
-    replicas (None: unsharded); None if it cannot fit in memory. ``comms``: the stages'
-    :func:`_stage_comm_s`, where the caller solves the shape more than once."""
-    model = tables.model
+    shard: tuple[Sharding, int] | None,
+    state_tables: dict[tuple[str, bool], LayerTable] | None,
+    comms: list[float] | None,
+) -> list[StageCosts] | None:
+    """What the split reads about each stage of this shape (see :func:`_build_template`);
+    None where the engine cannot run the shape sharded."""
     p = len(stage_types)
     stages: list[StageCosts] = []
     recompute = recompute if any(recompute) else ()
@@ -375,6 +379,31 @@ def _build_template(
                 memory_cap_bytes=cap,
             )
         )
+    return stages
+
+
+def _build_template(
+    tables: CostTables,
+    infos: dict[str, TypeInfo],
+    stage_types: tuple[tuple[str, int], ...],
+    microbatch_size: int,
+    recompute: tuple[bool, ...],
+    shard: tuple[Sharding, int] | None = None,
+    state_tables: dict[tuple[str, bool], LayerTable] | None = None,
+    comms: list[float] | None = None,
+) -> Template | None:
+    """The split for this shape with recompute on the stages marked in ``recompute`` (empty or
+    all False: none), every stage's state sharded at ``shard``'s level over its count of
+    replicas (None: unsharded); None if it cannot fit in memory. ``comms``: the stages'
+    :func:`_stage_comm_s`, where the caller solves the shape more than once."""
+    model = tables.model
+    p = len(stage_types)
+    recompute = recompute if any(recompute) else ()
+    stages = _stage_costs(
+        tables, infos, stage_types, microbatch_size, recompute, shard, state_tables, comms
+    )
+    if stages is None:
+        return None
     split = split_layers(stages, model.num_planner_layers)
     if split is None:
         return None
