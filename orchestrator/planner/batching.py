@@ -167,9 +167,19 @@ def selection_step_s(
     pipeline_s = max(_finish_s(g.template, _microbatches_by(g.template, deadline)) for g in groups)
     replicas = sum(g.count for g in groups)
     bandwidth = allreduce_bandwidth(groups, infos)
-    tail_s = max(
-        comm.ring_allreduce_s(nbytes, replicas, bandwidth) + update_s
-        for g in groups
-        for nbytes, update_s in zip(g.template.grad_bytes, g.template.update_s, strict=True)
-    )
+    tail_s = max(_tail_s(g.template, replicas, bandwidth) for g in groups)
     return pipeline_s + tail_s
+
+
+def _tail_s(template: Template, replicas: int, bandwidth: float) -> float:
+    """The template's slowest stage's gradient all-reduce among ``replicas`` plus its optimizer
+    step, kept on the template per (replicas, bandwidth): the search scores each template in
+    many selections of the same few sizes."""
+    key = (replicas, bandwidth)
+    found = template.tail_cache.get(key)
+    if found is None:
+        found = template.tail_cache[key] = max(
+            comm.ring_allreduce_s(nbytes, replicas, bandwidth) + update_s
+            for nbytes, update_s in zip(template.grad_bytes, template.update_s, strict=True)
+        )
+    return found

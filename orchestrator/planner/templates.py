@@ -115,11 +115,14 @@ class Template:
         for name, tp in self.stage_types:
             usage[name] = usage.get(name, 0) + tp
         object.__setattr__(self, "usage", usage)
+        object.__setattr__(self, "tail_cache", {})
 
     bottleneck_s: float = field(init=False, compare=False)
     sum_s: float = field(init=False, compare=False)
     # Devices per type one replica uses (read only).
     usage: dict[str, int] = field(init=False, compare=False, repr=False)
+    # planner/batching.py: all-reduce plus optimizer seconds by (replicas, bandwidth).
+    tail_cache: dict[tuple[int, float], float] = field(init=False, compare=False, repr=False)
 
 
 def _p2p_bandwidth(a: TypeInfo, b: TypeInfo, one_type_devices: int | None) -> float:
@@ -263,8 +266,9 @@ def _solve_template(
         return None
     state_tables: dict[tuple[str, bool], LayerTable] = {}  # sharded tables, per type
     comms = _stage_comm_s(tables, infos, stage_types, microbatch_size)
+    stage_cache: dict[tuple[int, bool], StageCosts] = {}
     found = _build_template(
-        tables, infos, stage_types, microbatch_size, (), shard, state_tables, comms
+        tables, infos, stage_types, microbatch_size, (), shard, state_tables, comms, stage_cache
     )
     if found is not None or not tables.training.activation_recompute:
         return found
@@ -273,7 +277,15 @@ def _solve_template(
     def with_first(count: int) -> Template | None:
         recompute = tuple(s < count for s in range(p))
         return _build_template(
-            tables, infos, stage_types, microbatch_size, recompute, shard, state_tables, comms
+            tables,
+            infos,
+            stage_types,
+            microbatch_size,
+            recompute,
+            shard,
+            state_tables,
+            comms,
+            stage_cache,
         )
 
     def fits_with_first(count: int) -> bool:
@@ -281,7 +293,15 @@ def _solve_template(
         # reads only that, so the split's time is solved once, at the count it finds.
         recompute = tuple(s < count for s in range(p))
         stages = _stage_costs(
-            tables, infos, stage_types, microbatch_size, recompute, shard, state_tables, comms
+            tables,
+            infos,
+            stage_types,
+            microbatch_size,
+            recompute,
+            shard,
+            state_tables,
+            comms,
+            stage_cache,
         )
         return stages is not None and fits_memory(stages, tables.model.num_planner_layers)
 
@@ -346,9 +366,11 @@ def _stage_costs(
     shard: tuple[Sharding, int] | None,
     state_tables: dict[tuple[str, bool], LayerTable] | None,
     comms: list[float] | None,
+    stage_cache: dict[tuple[int, bool], StageCosts] | None = None,
 ) -> list[StageCosts] | None:
     """What the split reads about each stage of this shape (see :func:`_build_template`);
-    None where the engine cannot run the shape sharded."""
+    None where the engine cannot run the shape sharded. ``stage_cache``: the stages built so
+    far for this shape, by (position, recompute), which the recompute counts tried share."""
     p = len(stage_types)
     stages: list[StageCosts] = []
     recompute = recompute if any(recompute) else ()
@@ -358,8 +380,12 @@ def _stage_costs(
     if comms is None:
         comms = _stage_comm_s(tables, infos, stage_types, microbatch_size)
     for s, (name, tp) in enumerate(stage_types):
-        comm_s = comms[s]
         on = bool(recompute) and recompute[s]
+        known = None if stage_cache is None else stage_cache.get((s, on))
+        if known is not None:
+            stages.append(known)
+            continue
+        comm_s = comms[s]
         table = tables.table(name, microbatch_size, tp, on)
         cap = infos[name].memory_cap_bytes - (_transient_max_bytes(tables, table) if on else 0.0)
         if shard is not None:
@@ -379,6 +405,8 @@ def _stage_costs(
                 memory_cap_bytes=cap,
             )
         )
+        if stage_cache is not None:
+            stage_cache[(s, on)] = stages[-1]
     return stages
 
 
@@ -391,6 +419,7 @@ def _build_template(
     shard: tuple[Sharding, int] | None = None,
     state_tables: dict[tuple[str, bool], LayerTable] | None = None,
     comms: list[float] | None = None,
+    stage_cache: dict[tuple[int, bool], StageCosts] | None = None,
 ) -> Template | None:
     """The split for this shape with recompute on the stages marked in ``recompute`` (empty or
     all False: none), every stage's state sharded at ``shard``'s level over its count of
@@ -400,7 +429,15 @@ def _build_template(
     p = len(stage_types)
     recompute = recompute if any(recompute) else ()
     stages = _stage_costs(
-        tables, infos, stage_types, microbatch_size, recompute, shard, state_tables, comms
+        tables,
+        infos,
+        stage_types,
+        microbatch_size,
+        recompute,
+        shard,
+        state_tables,
+        comms,
+        stage_cache,
     )
     if stages is None:
         return None
