@@ -524,22 +524,28 @@ class CostTables:
         calls = None if transferred or entry is None else self.call_overhead_s(device_type)
         call_forward_s, call_backward_s = calls or (0.0, 0.0)
         boundary_activations: list[float] = []
+        # The analytic estimate reads a layer's kind and parameter count alone: blocks alike
+        # share one (each table costs all its layers at once).
+        analytic: dict[tuple[LayerKind, int], LayerTime] = {}
 
         for layer in range(model.num_planner_layers):
             measured = entry.layers.get(layer) if entry is not None else None
             measured_memory = memory_entry.layers.get(layer) if memory_entry is not None else None
             if measured is None:
-                times.append(
-                    analytic_layer_time(
+                kind = model.layer_kind(layer)
+                same = (kind, model.layer_params(layer))
+                estimate = analytic.get(same)
+                if estimate is None:
+                    estimate = analytic[same] = analytic_layer_time(
                         model,
                         training,
                         device,
                         layer,
                         microbatch_size,
                         tp,
-                        tp_comm_s if model.layer_kind(layer).value == "block" else 0.0,
+                        tp_comm_s if kind.value == "block" else 0.0,
                     )
-                )
+                times.append(estimate)
             else:
                 update_s = measured.update_s
                 if update_s is None:  # not measured: the update is memory-bound, estimate it

@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Collection, Mapping
+from typing import cast
 
 from orchestrator.costmodel import Estimate, estimate_with_tables, sharding
 from orchestrator.costmodel.tables import CostTables
@@ -126,9 +127,17 @@ def state_floor_bytes(
         and whole
         and not model.tie_embeddings
     ):
-        # every holder a whole one-stage replica: the runtime shards layer by layer
-        held = sum(sharding.layerwise_state_bytes(model, training, range(end), level, k))
-        unsharded = sum(sum(sharding.state_parts_bytes(model, training, i, 1)) for i in range(end))
+        # every holder a whole one-stage replica: the runtime shards layer by layer (the sums
+        # depend on the level and holders alone, kept with the solved shapes: every type and
+        # microbatch size reads them)
+        key = ("layerwise state", level, k, end)
+        sums = tables.templates.get(key)
+        if sums is None:
+            sums = tables.templates[key] = (
+                sum(sharding.layerwise_state_bytes(model, training, range(end), level, k)),
+                sum(sum(sharding.state_parts_bytes(model, training, i, 1)) for i in range(end)),
+            )
+        held, unsharded = cast("tuple[float, float]", sums)
         return (
             table.state_bytes(0, end)
             - unsharded

@@ -103,14 +103,11 @@ class Template:
             self.shard_k,
         )
 
-    @property
-    def num_devices(self) -> int:
-        return sum(tp for _, tp in self.stage_types)
-
     def __post_init__(self) -> None:
         # Read in the search's innermost loop: computed once, not per access.
         object.__setattr__(self, "bottleneck_s", max(self.split.stage_s))
         object.__setattr__(self, "sum_s", sum(self.split.stage_s))
+        object.__setattr__(self, "num_devices", sum(tp for _, tp in self.stage_types))
         usage: dict[str, int] = {}
         for name, tp in self.stage_types:
             usage[name] = usage.get(name, 0) + tp
@@ -119,6 +116,7 @@ class Template:
 
     bottleneck_s: float = field(init=False, compare=False)
     sum_s: float = field(init=False, compare=False)
+    num_devices: int = field(init=False, compare=False)  # devices one replica uses
     # Devices per type one replica uses (read only).
     usage: dict[str, int] = field(init=False, compare=False, repr=False)
     # planner/batching.py: all-reduce plus optimizer seconds by (replicas, bandwidth).
@@ -266,7 +264,7 @@ def _solve_template(
         return None
     state_tables: dict[tuple[str, bool], LayerTable] = {}  # sharded tables, per type
     comms = _stage_comm_s(tables, infos, stage_types, microbatch_size)
-    stage_cache: dict[tuple[int, bool], StageCosts] = {}
+    stage_cache: dict[object, object] = {}
     found = _build_template(
         tables, infos, stage_types, microbatch_size, (), shard, state_tables, comms, stage_cache
     )
@@ -366,16 +364,20 @@ def _stage_costs(
     shard: tuple[Sharding, int] | None,
     state_tables: dict[tuple[str, bool], LayerTable] | None,
     comms: list[float] | None,
-    stage_cache: dict[tuple[int, bool], StageCosts] | None = None,
+    stage_cache: dict[object, object] | None = None,
 ) -> list[StageCosts] | None:
     """What the split reads about each stage of this shape (see :func:`_build_template`);
-    None where the engine cannot run the shape sharded. ``stage_cache``: the stages built so
-    far for this shape, by (position, recompute), which the recompute counts tried share."""
+    None where the engine cannot run the shape sharded. ``stage_cache``: what was built so far
+    for this shape, each stage by (position, recompute) and each list by its recompute flags,
+    which the recompute counts tried share."""
     p = len(stage_types)
     stages: list[StageCosts] = []
     recompute = recompute if any(recompute) else ()
     if shard is not None and any(tp != 1 for _, tp in stage_types):
         return None  # the engine shards tp-1 stages only (worker/topology.check_executable)
+    whole = None if stage_cache is None else stage_cache.get(("stages", recompute))
+    if whole is not None:
+        return cast("list[StageCosts]", whole)
     tables_by_key = {} if state_tables is None else state_tables
     if comms is None:
         comms = _stage_comm_s(tables, infos, stage_types, microbatch_size)
@@ -383,7 +385,7 @@ def _stage_costs(
         on = bool(recompute) and recompute[s]
         known = None if stage_cache is None else stage_cache.get((s, on))
         if known is not None:
-            stages.append(known)
+            stages.append(cast("StageCosts", known))
             continue
         comm_s = comms[s]
         table = tables.table(name, microbatch_size, tp, on)
@@ -407,6 +409,8 @@ def _stage_costs(
         )
         if stage_cache is not None:
             stage_cache[(s, on)] = stages[-1]
+    if stage_cache is not None:
+        stage_cache[("stages", recompute)] = stages
     return stages
 
 
@@ -419,7 +423,7 @@ def _build_template(
     shard: tuple[Sharding, int] | None = None,
     state_tables: dict[tuple[str, bool], LayerTable] | None = None,
     comms: list[float] | None = None,
-    stage_cache: dict[tuple[int, bool], StageCosts] | None = None,
+    stage_cache: dict[object, object] | None = None,
 ) -> Template | None:
     """The split for this shape with recompute on the stages marked in ``recompute`` (empty or
     all False: none), every stage's state sharded at ``shard``'s level over its count of
