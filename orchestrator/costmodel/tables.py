@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import accumulate, pairwise
 
@@ -165,7 +166,11 @@ def _prefix(values: list[float]) -> tuple[float, ...]:
 
 
 def recomputed_table(
-    base: LayerTable, model: ModelSpec, microbatch_size: int, cast_bytes_per_param: float = 0.0
+    base: LayerTable,
+    model: ModelSpec,
+    microbatch_size: int,
+    cast_bytes_per_param: float = 0.0,
+    layer_params: Sequence[int] | None = None,
 ) -> LayerTable:
     """``base`` with activation recompute on every block (``torch.utils.checkpoint`` per block,
     as the engine runs it; embedding and head run whole).
@@ -177,7 +182,8 @@ def recomputed_table(
 
     Under autocast a block's 16-bit weight copies (``cast_bytes_per_param``) are saved only by the
     forward that backward needs, so with recompute they leave the held state and join the
-    transient: they exist while that one block is re-run.
+    transient: they exist while that one block is re-run. ``layer_params``: each layer's
+    parameter count, where the caller has them counted (else counted from ``model``).
     """
     boundary = comm.boundary_activation_bytes(model, microbatch_size)
     # 16-bit compute: a stage that does not start at the embedding receives its input in 16 bits
@@ -205,7 +211,8 @@ def recomputed_table(
             if later is not None:
                 later_activations.append(later[layer + 1] - later[layer])
             continue
-        cast = model.layer_params(layer) / base.tp * cast_bytes_per_param
+        params = model.layer_params(layer) if layer_params is None else layer_params[layer]
+        cast = params / base.tp * cast_bytes_per_param
         states.append(sb - sa - cast)
         times.append(
             LayerTime(
@@ -255,6 +262,7 @@ class CostTables:
         self._cache: dict[tuple[str, int, int, bool], LayerTable] = {}
         self._time_terms: dict[str, object] = {}
         self._params_prefix: list[int] | None = None
+        self._layer_params: list[int] | None = None
         # Solved pipeline shapes, per (shape, microbatch, sharding): the search asks again for
         # the same shapes from its several selections (see planner/templates.build_template).
         self.templates: dict[object, object] = {}
@@ -264,10 +272,17 @@ class CostTables:
         of layers for every shape it solves)."""
         if self._params_prefix is None:
             prefix = [0]
-            for layer in range(self.model.num_planner_layers):
-                prefix.append(prefix[-1] + self.model.layer_params(layer))
+            for count in self.layer_params():
+                prefix.append(prefix[-1] + count)
             self._params_prefix = prefix
         return self._params_prefix[end] - self._params_prefix[start]
+
+    def layer_params(self) -> list[int]:
+        """Parameters of each planner layer (counted once: every table reads them all)."""
+        if self._layer_params is None:
+            model = self.model
+            self._layer_params = [model.layer_params(i) for i in range(model.num_planner_layers)]
+        return self._layer_params
 
     @classmethod
     def for_cluster(
@@ -387,7 +402,9 @@ class CostTables:
             if recompute:
                 base = self.table(device_type, microbatch_size, tp)
                 cast = self.state_terms(device_type).cast_weights
-                cached = recomputed_table(base, self.model, microbatch_size, cast)
+                cached = recomputed_table(
+                    base, self.model, microbatch_size, cast, self.layer_params()
+                )
             else:
                 cached = self._build(device_type, microbatch_size, tp)
             self._cache[key] = cached
@@ -527,13 +544,14 @@ class CostTables:
         # The analytic estimate reads a layer's kind and parameter count alone: blocks alike
         # share one (each table costs all its layers at once).
         analytic: dict[tuple[LayerKind, int], LayerTime] = {}
+        layer_params = self.layer_params()
 
         for layer in range(model.num_planner_layers):
             measured = entry.layers.get(layer) if entry is not None else None
             measured_memory = memory_entry.layers.get(layer) if memory_entry is not None else None
             if measured is None:
                 kind = model.layer_kind(layer)
-                same = (kind, model.layer_params(layer))
+                same = (kind, layer_params[layer])
                 estimate = analytic.get(same)
                 if estimate is None:
                     estimate = analytic[same] = analytic_layer_time(
@@ -580,7 +598,7 @@ class CostTables:
                 boundary_activations.append(activations[-1])
         terms = self.state_terms(device_type)
         states = [
-            model.layer_params(i) / tp * (terms.state + _cast_bytes(model, i, terms.cast_weights))
+            layer_params[i] / tp * (terms.state + _cast_bytes(model, i, terms.cast_weights))
             for i in range(len(times))
         ]
         stage_update_s = entry.stage_update_s if entry is not None else None

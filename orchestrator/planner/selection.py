@@ -11,7 +11,7 @@ all-reduce, optimizer), which costs O(number of templates), not O(number of repl
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.costmodel.tables import CostTables
 from orchestrator.planner.batching import Group, selection_step_s
@@ -61,9 +61,16 @@ class Selection:
     groups: tuple[Group, ...]
     step_s: float
 
+    def __post_init__(self) -> None:
+        # Read by every comparison of the search: built once.
+        key = (self.step_s, tuple((g.template.key, g.count) for g in self.groups))
+        object.__setattr__(self, "_key", key)
+
+    _key: tuple[object, ...] = field(init=False, compare=False, repr=False)
+
     @property
     def key(self) -> tuple[object, ...]:
-        return (self.step_s, tuple((g.template.key, g.count) for g in self.groups))
+        return self._key
 
 
 def _score(groups: list[Group], batch: int, infos: dict[str, TypeInfo]) -> Selection | None:
@@ -256,11 +263,14 @@ class SelectionSearch:
         for _ in range(cfg.mixed_rounds):
             expansions: dict[tuple[object, ...], Selection] = {}
             score_by_template: dict[int, float] = {}
+            counts_of: dict[int, int] = {}  # the most replicas of each candidate the devices hold
             for state in beam:
                 base = list(state.groups) if state else []
                 for i, t in enumerate(candidates):
-                    most = min(free[d] // n for d, n in t.usage.items())
-                    for count in sorted({1, 2, 4, 8, 16, most} & set(range(1, most + 1))):
+                    most = counts_of.get(i)
+                    if most is None:
+                        most = counts_of[i] = min(free[d] // n for d, n in t.usage.items())
+                    for count in sorted(c for c in {1, 2, 4, 8, 16, most} if 1 <= c <= most):
                         left = {d: free[d] - count * t.usage.get(d, 0) for d in free}
                         groups = [Group(t, count), *_fit_counts(base, left)]
                         found = self._score(groups)

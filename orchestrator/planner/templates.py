@@ -94,14 +94,7 @@ class Template:
     @property
     def key(self) -> tuple[object, ...]:
         """Total order used to break ties deterministically."""
-        return (
-            self.microbatch_size,
-            self.stage_types,
-            self.split.boundaries,
-            self.recompute,
-            tuple(v.value for v in self.sharding),
-            self.shard_k,
-        )
+        return self._key
 
     def __post_init__(self) -> None:
         # Read in the search's innermost loop: computed once, not per access.
@@ -113,6 +106,15 @@ class Template:
             usage[name] = usage.get(name, 0) + tp
         object.__setattr__(self, "usage", usage)
         object.__setattr__(self, "tail_cache", {})
+        key = (
+            self.microbatch_size,
+            self.stage_types,
+            self.split.boundaries,
+            self.recompute,
+            tuple(v.value for v in self.sharding),
+            self.shard_k,
+        )
+        object.__setattr__(self, "_key", key)
 
     bottleneck_s: float = field(init=False, compare=False)
     sum_s: float = field(init=False, compare=False)
@@ -121,6 +123,7 @@ class Template:
     usage: dict[str, int] = field(init=False, compare=False, repr=False)
     # planner/batching.py: all-reduce plus optimizer seconds by (replicas, bandwidth).
     tail_cache: dict[tuple[int, float], float] = field(init=False, compare=False, repr=False)
+    _key: tuple[object, ...] = field(init=False, compare=False, repr=False)
 
 
 def _p2p_bandwidth(a: TypeInfo, b: TypeInfo, one_type_devices: int | None) -> float:
