@@ -266,6 +266,30 @@ def fits_memory(stages: list[StageCosts], num_layers: int) -> bool:
     )
 
 
+_MARGIN = 1e-9  # relative room that float rounding of the prefix sums cannot cross
+_SCALE = 1e-6  # budgets and caps this small beside a stage's totals get no shortcut
+
+
+def _greedy_is_exact(
+    stages: list[StageCosts], num_layers: int, budget_s: float, largest: list[tuple[float, float]]
+) -> bool:
+    """Whether the greedy pass decides exactly if some split fits ``budget_s``: where every
+    single layer fits every stage's time and memory (with a margin rounding cannot cross), the
+    furthest end from any start lies beyond it and never decreases with the start, so each
+    greedy end is at least the end of any fitting split at that stage, and the pass fails only
+    where no split fits."""
+    for stage, (layer_s, layer_bytes) in zip(stages, largest, strict=True):
+        own_s = budget_s - stage.comm_s
+        total_s = stage.table.compute_prefix_s[num_layers]
+        if own_s < _SCALE * max(total_s, budget_s) or layer_s > own_s * (1 - _MARGIN):
+            return False
+        cap = stage.memory_cap_bytes
+        total_bytes = stage.memory_prefix[num_layers]
+        if cap < _SCALE * max(total_bytes, cap) or layer_bytes > cap * (1 - _MARGIN):
+            return False
+    return True
+
+
 def split_layers(stages: list[StageCosts], num_layers: int) -> Split | None:
     """The split minimising the bottleneck, or None if no split fits in memory."""
     if not stages or len(stages) > num_layers:
@@ -281,7 +305,12 @@ def split_layers(stages: list[StageCosts], num_layers: int) -> Split | None:
     greedy = _greedy(stages, num_layers, hi)
     if greedy is not None:
         lo, hi, best = _bisect_greedy(stages, num_layers, 0.0, hi, greedy)
-        better = exact(stages, num_layers, lo)
+        if _greedy_is_exact(stages, num_layers, lo, largest) and not _greedy(
+            stages, num_layers, lo
+        ):
+            better = None  # no split at lo: where every layer fits, greedy fails only so
+        else:
+            better = exact(stages, num_layers, lo)
         if better is not None:
             _, _, best = _bisect(exact, stages, num_layers, 0.0, lo, better)
     else:
