@@ -602,8 +602,12 @@ class CostTables:
             for i in range(len(times))
         ]
         stage_update_s = entry.stage_update_s if entry is not None else None
-        derived = self._derived_from_tp1(device_type, microbatch_size, tp, tp_comm_s)
-        if entry is None and derived is not None:
+        derived = (
+            self._derived_from_tp1(device_type, microbatch_size, tp, tp_comm_s)
+            if entry is None
+            else None
+        )
+        if derived is not None:
             times, base = derived
             stage_update_s = base.stage_update_s / tp
             call_forward_s, call_backward_s = base.call_s, 0.0

@@ -274,36 +274,16 @@ def _solve_template(
     if found is not None or not tables.training.activation_recompute:
         return found
     p = len(stage_types)
+    fixed = (tables, infos, stage_types, microbatch_size)
+    cached = (shard, state_tables, comms, stage_cache)
 
     def with_first(count: int) -> Template | None:
-        recompute = tuple(s < count for s in range(p))
-        return _build_template(
-            tables,
-            infos,
-            stage_types,
-            microbatch_size,
-            recompute,
-            shard,
-            state_tables,
-            comms,
-            stage_cache,
-        )
+        return _build_template(*fixed, tuple(s < count for s in range(p)), *cached)
 
     def fits_with_first(count: int) -> bool:
         # Whether the count's split exists (memory alone decides it): the bisection below
         # reads only that, so the split's time is solved once, at the count it finds.
-        recompute = tuple(s < count for s in range(p))
-        stages = _stage_costs(
-            tables,
-            infos,
-            stage_types,
-            microbatch_size,
-            recompute,
-            shard,
-            state_tables,
-            comms,
-            stage_cache,
-        )
+        stages = _stage_costs(*fixed, tuple(s < count for s in range(p)), *cached)
         return stages is not None and fits_memory(stages, tables.model.num_planner_layers)
 
     # Bisection over the count: recomputing one more stage lowers that stage's memory (it holds
