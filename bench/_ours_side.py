@@ -149,8 +149,43 @@ def _crash(
         ),
     }
     figures["recovery_moved"] = _moved(f.status, crashed_at_s)
+    figures["recovery_parts"] = _recovery_parts(f.status, crashed_at_s, event["time_s"])
     log(f"  ours: resumed {figures['recovery_s']:.1f} s after the crash")
     return figures
+
+
+def _recovery_parts(
+    status: Mapping[str, Any], crashed_s: float, first_step_s: float
+) -> dict[str, Any]:
+    """Seconds of each part of the recovery, from the controller's events (wall clock): the
+    kill until the failure is seen, until the restore is chosen, the re-plan, the re-formation
+    (its own parts from the launch event) and the first step."""
+    seen = _first(status, crashed_s, "failure")
+    chosen = _first(status, crashed_s, "recovery", "restore from")
+    planned = _first(status, crashed_s, "plan_chosen", "plan chosen")
+    launched = _first(status, crashed_s, "plan_chosen", "launched")
+    parts: dict[str, Any] = {
+        "events": [
+            (round(e["time_s"] - crashed_s, 3), e["kind"], e["message"][:160])
+            for e in status.get("events", [])
+            if crashed_s <= e["time_s"] <= first_step_s + 0.01
+        ]
+    }
+    marks = [("detect_s", seen), ("restore_chosen_s", chosen), ("replan_s", planned),
+             ("reform_s", launched)]  # fmt: skip
+    last = crashed_s
+    for name, e in marks:
+        if e is not None:
+            parts[name] = e["time_s"] - last
+            last = e["time_s"]
+    parts["first_step_s"] = first_step_s - last
+    if launched is not None:
+        parts["reform"] = {
+            k.removeprefix("reform_"): v
+            for k, v in launched["data"].items()
+            if k.startswith("reform_")
+        }
+    return parts
 
 
 def _join(

@@ -214,7 +214,33 @@ def report(results: dict[str, dict[str, Any]]) -> None:
     join = results["ours"].get("join_to_step_s")
     if join:
         log(f"join -> first step of the new plan, ours: {join:.1f} s from starting the node")
+    report_recovery(results["ours"])
     report_join(results["ours"])
+
+
+def report_recovery(r: dict[str, Any]) -> None:
+    """Where the crash's time went (ours), from the controller's events."""
+    parts = r.get("recovery_parts")
+    if not parts:
+        return
+    reform = parts.get("reform") or {}
+    log("crash, by part (ours):")
+    log(f"  kill -> failure seen                 {_fmt(parts.get('detect_s'), '.2f')} s")
+    log(f"  failure -> restore chosen            {_fmt(parts.get('restore_chosen_s'), '.2f')} s")
+    log(f"  restore chosen -> plan chosen        {_fmt(parts.get('replan_s'), '.2f')} s")
+    log(
+        f"  plan chosen -> re-formed (launched)  {_fmt(parts.get('reform_s'), '.2f')} s "
+        f"(survivors {_fmt(reform.get('survivors_s'), '.2f')}, dropped "
+        f"{_fmt(reform.get('drop_s'), '.2f')}, "
+        f"place/start {_fmt(reform.get('place_and_start_s'), '.2f')}, exports "
+        f"{_fmt(reform.get('exports_s'), '.2f')}, rendezvous and load "
+        f"{_fmt(reform.get('join_s'), '.2f')} [engine {_fmt(reform.get('build_s'), '.2f')}, "
+        f"layers in {_fmt(reform.get('load_s'), '.2f')}, process group "
+        f"{_fmt(reform.get('rendezvous_s'), '.2f')}])"
+    )
+    log(f"  launched -> first step done          {_fmt(parts.get('first_step_s'), '.2f')} s")
+    for t, kind, message in parts.get("events", []):
+        log(f"    +{t:6.3f} s {kind}: {message}")
 
 
 def report_join(r: dict[str, Any]) -> None:

@@ -45,6 +45,7 @@ import ray
 
 from orchestrator.control.ports import WarmStatus, WorkerLost
 from orchestrator.runtime.discovery import discover_nodes
+from orchestrator.runtime.elastic.liveness import alive_ranks
 from orchestrator.runtime.elastic.warm import WarmActor, WarmPool, remove_placed
 from orchestrator.runtime.elastic.worker import ElasticWorkerActor
 from orchestrator.runtime.group import WorkerGroup, WorkerInfo
@@ -88,8 +89,9 @@ class ReformReport:
     actors_started: int  # started during the switch (placement, process, import, engine)
     duration_s: float
     actors_warm: int = 0  # started and warmed before the switch (``prepare``), adopted here
-    # Seconds of the switch by part: exports, placement and starting actors, the slowest
-    # actor's engine build, layer load and rendezvous.
+    # Seconds of the switch by part: finding the survivors, stopping the actors that are none,
+    # placement and starting actors, exports, the slowest actor's engine build, layer load and
+    # rendezvous.
     seconds: Mapping[str, float] | None = None
 
     def line(self) -> str:
@@ -168,6 +170,7 @@ class ElasticWorkerGroup(WorkerGroup):
         self._nodes = discover_nodes()
         validate_plan_for_cluster(plan, self._nodes, num_planner_layers)
         alive = self._survivors(dead_ranks)
+        survivors_s = time.perf_counter() - started_s
         if keep_state:
             # A shard group's update ends in collectives among its sharded holders, so the
             # survivors settle the committed update together, before anything moves; a holder
@@ -192,8 +195,10 @@ class ElasticWorkerGroup(WorkerGroup):
         # Actors that are no survivors (stuck on a dead peer, say) hold no state to export but
         # still hold their node's slot: stop them first, or a new actor for that node waits for
         # a slot that frees only after it was placed.
+        drop_s = time.perf_counter()
         for old in sorted(unused - alive):
             self._drop(old)
+        drop_s = time.perf_counter() - drop_s
         unused &= alive
         missing = [spec.rank for spec in new_ranks if spec.rank not in chosen]
         plan_json = plan.model_dump_json()
@@ -281,6 +286,8 @@ class ElasticWorkerGroup(WorkerGroup):
             duration_s=time.perf_counter() - started_s,
             actors_warm=len(warm),
             seconds={
+                "survivors_s": survivors_s,
+                "drop_s": drop_s,
                 "place_and_start_s": placed_s,
                 "exports_s": exports_s,
                 "join_s": join_s,
@@ -465,9 +472,18 @@ class ElasticWorkerGroup(WorkerGroup):
 
     # -- helpers -----------------------------------------------------------------------------
 
+    def _alive_ranks(self, among: set[int] | None = None) -> set[int]:
+        """Ranks (of ``among``, default all) whose actor answers a ping, a crashed node's told
+        at once by its unreachable raylet rather than after Ray's health checks
+        (``liveness.py``)."""
+        nodes = {w.rank: w.node_id for w in self.workers}
+        ranks = set(range(len(self._actors))) if among is None else among
+        return alive_ranks(self._actors, nodes, ranks, self.options.failure_grace_s)
+
     def _survivors(self, dead_ranks: set[int]) -> set[int]:
         """Old ranks whose actor lives and whose last step has returned (failed or not)."""
-        alive = self._alive_ranks() - set(dead_ranks)
+        # Ranks known dead are not asked again: their pings would wait for Ray's verdict.
+        alive = self._alive_ranks(set(range(len(self._actors))) - set(dead_ranks))
         pending = {ref: r for r, ref in self._inflight.items() if r in alive}
         if pending:
             _ready, stuck = ray.wait(
