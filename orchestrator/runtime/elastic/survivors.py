@@ -71,8 +71,10 @@ from orchestrator.worker.topology import (
 # How long a survivor's step blocked on a dead peer may take to fail before the survivor is dropped.
 INFLIGHT_GRACE_S = 10.0
 # How long survivors' steps may stay in flight before the returned ones leave their process
-# groups to unblock them (``_unblock``), and how long leaving may take.
-UNBLOCK_AFTER_S = 0.3
+# groups to unblock them (``_unblock``), and how long leaving may take. Short: the re-formation
+# makes them leave next anyway, and the step in flight is never committed; a step blocked on a
+# live peer that has left would otherwise cost this wait on every such recovery.
+UNBLOCK_AFTER_S = 0.05
 LEAVE_TIMEOUT_S = 2.0
 # How often a step in flight looks for node events posted meanwhile (the bound on reacting).
 POSTED_POLL_S = 0.02
