@@ -89,7 +89,8 @@ def _row(node_id: str, address: tuple[str, int], alive: bool = True) -> dict[str
 
 
 def test_unreachable_nodes_are_the_refused_and_the_listed_dead(monkeypatch, listening, closed):
-    fake = _FakeRay([_row("up", listening), _row("crashed", closed), _row("gone", listening, False)])
+    rows = [_row("up", listening), _row("crashed", closed), _row("gone", listening, False)]
+    fake = _FakeRay(rows)
     monkeypatch.setattr(liveness, "ray", fake)
     assert liveness.unreachable_nodes(["up", "crashed", "gone"]) == {"crashed", "gone"}
     assert liveness.unreachable_nodes([]) == set()
