@@ -22,7 +22,9 @@ first step <= 2 s, join -> first step of the new plan <= 2 s, 0 steps lost when 
 state; the state each change of plan moved is printed (surviving actors keep theirs). Nothing
 passes or fails; the figures go to docs/benchmarks.md.
 
-Ours also splits the join into its parts (the node starting, the probe seeing it, the switch
+Ours also splits the crash into its parts, from the controller's events (the kill until the
+failure is seen, the restore chosen, the re-plan, the re-formation with its own parts, the first
+step), and the join into its parts (the node starting, the probe seeing it, the switch
 decision, the joiner's warm-up while training goes on, the switch itself) and, once the new plan
 runs, posts a preemption notice for a worker's node during a step (as ``POST /v1/node-events``
 does): the seconds from the notice to the evacuation decided and to the first step without it.
