@@ -260,10 +260,12 @@ def fits_memory(stages: list[StageCosts], num_layers: int) -> bool:
     if not stages or len(stages) > num_layers:
         return False
     hi = _no_time_limit_s(stages, num_layers)
-    return (
-        _greedy(stages, num_layers, hi) is not None
-        or _boundaries(stages, num_layers, hi) is not None
-    )
+    if _greedy(stages, num_layers, hi) is not None:
+        return True
+    largest = [_largest_layer(stage) for stage in stages]
+    if _greedy_is_exact(stages, num_layers, hi, largest):
+        return False  # every layer fits every stage: greedy fails only where no split fits
+    return _boundaries(stages, num_layers, hi, largest) is not None
 
 
 _MARGIN = 1e-9  # relative room that float rounding of the prefix sums cannot cross
@@ -314,7 +316,10 @@ def split_layers(stages: list[StageCosts], num_layers: int) -> Split | None:
         if better is not None:
             _, _, best = _bisect(exact, stages, num_layers, 0.0, lo, better)
     else:
-        found = exact(stages, num_layers, hi)
+        # Greedy failed with time unbounded: where every layer fits every stage, memory rules
+        # out every split (greedy is exact there), else the exact check decides.
+        greedy_decides = _greedy_is_exact(stages, num_layers, hi, largest)
+        found = None if greedy_decides else exact(stages, num_layers, hi)
         if found is None:
             return None  # memory rules out every split, whatever the time budget
         _, _, best = _bisect(exact, stages, num_layers, 0.0, hi, found)
