@@ -42,8 +42,11 @@ class StageCosts:
     def __post_init__(self) -> None:
         # Read by every pass of the split's bisection: looked up once, not per pass.
         object.__setattr__(self, "memory_prefix", self.table.memory_prefix_bytes(self.in_flight))
+        object.__setattr__(self, "largest", self.table.largest_layer(self.in_flight))
 
     memory_prefix: list[float] = field(init=False, compare=False, repr=False)
+    # The largest single layer's seconds and bytes on this stage (read by every split).
+    largest: tuple[float, float] = field(init=False, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ Intervals = list[tuple[int, int]]  # disjoint, sorted, inclusive ranges of layer
 
 def _largest_layer(stage: StageCosts) -> tuple[float, float]:
     """The largest single layer's seconds and bytes on this stage."""
-    return stage.table.largest_layer(stage.in_flight)
+    return stage.largest
 
 
 def _merge(intervals: Intervals) -> Intervals:
@@ -99,6 +102,10 @@ def _reachable(
         every_layer_fits = (
             layer_s <= bottleneck_s - stage.comm_s and layer_bytes <= stage.memory_cap_bytes
         )
+        # _furthest_end's terms, read once per stage.
+        compute = stage.table.compute_prefix_s
+        own_s = bottleneck_s - stage.comm_s - stage.table.call_s
+        mem, cap = stage.memory_prefix, stage.memory_cap_bytes
         for lo, hi in starts:
             hi = min(hi, num_layers - 1)
             if lo > hi:
@@ -109,10 +116,14 @@ def _reachable(
                 ends.append((lo + 1, _furthest_end(stage, hi, bottleneck_s, num_layers)))
                 continue
             for b in range(lo, hi + 1):
-                f = _furthest_end(stage, b, bottleneck_s, num_layers)
+                f = min(
+                    bisect_right(compute, compute[b] + own_s, b) - 1,
+                    bisect_right(mem, mem[b] + cap, b) - 1,
+                    num_layers,
+                )
                 if f > b:
                     ends.append((b + 1, f))
-        starts = _merge(ends)
+        starts = _merge(ends) if len(ends) > 1 else ends
         out.append(starts)
     return out
 
@@ -138,7 +149,7 @@ def _boundaries(
     cannot reach the end no earlier one can (and reachability says one can).
     """
     if largest is None:
-        largest = [_largest_layer(stage) for stage in stages]
+        largest = [stage.largest for stage in stages]
     reach = _reachable(stages, num_layers, bottleneck_s, largest)
     last = reach[-1]
     if not last or last[-1][1] < num_layers:
@@ -161,14 +172,25 @@ def _greedy(stages: list[StageCosts], num_layers: int, bottleneck_s: float) -> l
     p = len(stages)
     boundaries = [0]
     start = 0
-    for s, stage in enumerate(stages):
-        last_allowed = num_layers - (p - 1 - s)  # leave one layer for each later stage
-        end = _furthest_end(stage, start, bottleneck_s, last_allowed)
-        if end <= start or (s == p - 1 and end < num_layers):
+    last_allowed = num_layers - p  # leave one layer for each later stage
+    for stage in stages:
+        last_allowed += 1
+        # _furthest_end, inlined (the search's most frequent pass).
+        table = stage.table
+        compute = table.compute_prefix_s
+        own_s = bottleneck_s - stage.comm_s - table.call_s
+        end = bisect_right(compute, compute[start] + own_s, start) - 1
+        mem = stage.memory_prefix
+        by_memory = bisect_right(mem, mem[start] + stage.memory_cap_bytes, start) - 1
+        if by_memory < end:
+            end = by_memory
+        if last_allowed < end:
+            end = last_allowed
+        if end <= start:
             return None
         boundaries.append(end)
         start = end
-    return boundaries
+    return boundaries if start == num_layers else None
 
 
 def _greedy_event(
@@ -262,7 +284,7 @@ def fits_memory(stages: list[StageCosts], num_layers: int) -> bool:
     hi = _no_time_limit_s(stages, num_layers)
     if _greedy(stages, num_layers, hi) is not None:
         return True
-    largest = [_largest_layer(stage) for stage in stages]
+    largest = [stage.largest for stage in stages]
     if _greedy_is_exact(stages, num_layers, hi, largest):
         return False  # every layer fits every stage: greedy fails only where no split fits
     return _boundaries(stages, num_layers, hi, largest) is not None
@@ -297,7 +319,7 @@ def split_layers(stages: list[StageCosts], num_layers: int) -> Split | None:
     if not stages or len(stages) > num_layers:
         return None
     hi = _no_time_limit_s(stages, num_layers)
-    largest = [_largest_layer(stage) for stage in stages]
+    largest = [stage.largest for stage in stages]
 
     def exact(stages: list[StageCosts], num_layers: int, budget_s: float) -> list[int] | None:
         return _boundaries(stages, num_layers, budget_s, largest)
