@@ -23,6 +23,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from orchestrator.costmodel.tables import LayerTable
 
@@ -42,11 +43,14 @@ class StageCosts:
     def __post_init__(self) -> None:
         # Read by every pass of the split's bisection: looked up once, not per pass.
         object.__setattr__(self, "memory_prefix", self.table.memory_prefix_bytes(self.in_flight))
-        object.__setattr__(self, "largest", self.table.largest_layer(self.in_flight))
 
     memory_prefix: list[float] = field(init=False, compare=False, repr=False)
-    # The largest single layer's seconds and bytes on this stage (read by every split).
-    largest: tuple[float, float] = field(init=False, compare=False, repr=False)
+
+    @cached_property
+    def largest(self) -> tuple[float, float]:
+        """The largest single layer's seconds and bytes on this stage (read by every split;
+        found on first use: a stage only checked for memory may never need it)."""
+        return self.table.largest_layer(self.in_flight)
 
 
 @dataclass(frozen=True)
