@@ -23,7 +23,6 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from orchestrator.costmodel.tables import LayerTable
 
@@ -45,12 +44,6 @@ class StageCosts:
         object.__setattr__(self, "memory_prefix", self.table.memory_prefix_bytes(self.in_flight))
 
     memory_prefix: list[float] = field(init=False, compare=False, repr=False)
-
-    @cached_property
-    def largest(self) -> tuple[float, float]:
-        """The largest single layer's seconds and bytes on this stage (read by every split;
-        found on first use: a stage only checked for memory may never need it)."""
-        return self.table.largest_layer(self.in_flight)
 
 
 @dataclass(frozen=True)
@@ -79,7 +72,7 @@ Intervals = list[tuple[int, int]]  # disjoint, sorted, inclusive ranges of layer
 
 def _largest_layer(stage: StageCosts) -> tuple[float, float]:
     """The largest single layer's seconds and bytes on this stage."""
-    return stage.largest
+    return stage.table.largest_layer(stage.in_flight)
 
 
 def _merge(intervals: Intervals) -> Intervals:
@@ -153,7 +146,7 @@ def _boundaries(
     cannot reach the end no earlier one can (and reachability says one can).
     """
     if largest is None:
-        largest = [stage.largest for stage in stages]
+        largest = [st.table.largest_layer(st.in_flight) for st in stages]
     reach = _reachable(stages, num_layers, bottleneck_s, largest)
     last = reach[-1]
     if not last or last[-1][1] < num_layers:
@@ -288,7 +281,7 @@ def fits_memory(stages: list[StageCosts], num_layers: int) -> bool:
     hi = _no_time_limit_s(stages, num_layers)
     if _greedy(stages, num_layers, hi) is not None:
         return True
-    largest = [stage.largest for stage in stages]
+    largest = [st.table.largest_layer(st.in_flight) for st in stages]
     if _greedy_is_exact(stages, num_layers, hi, largest):
         return False  # every layer fits every stage: greedy fails only where no split fits
     return _boundaries(stages, num_layers, hi, largest) is not None
@@ -323,7 +316,7 @@ def split_layers(stages: list[StageCosts], num_layers: int) -> Split | None:
     if not stages or len(stages) > num_layers:
         return None
     hi = _no_time_limit_s(stages, num_layers)
-    largest = [stage.largest for stage in stages]
+    largest = [st.table.largest_layer(st.in_flight) for st in stages]
 
     def exact(stages: list[StageCosts], num_layers: int, budget_s: float) -> list[int] | None:
         return _boundaries(stages, num_layers, budget_s, largest)
