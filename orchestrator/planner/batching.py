@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
 
 from orchestrator.costmodel import comm
 from orchestrator.planner.templates import Template, TypeInfo
@@ -18,12 +17,26 @@ from orchestrator.planner.templates import Template, TypeInfo
 _BISECTIONS = 80
 
 
-@dataclass(frozen=True)
 class Group:
-    """``count`` identical replicas of one template."""
+    """``count`` identical replicas of one template (read only). A slotted class: the search
+    builds one per selection it scores, where a frozen dataclass costs several times as much."""
 
-    template: Template
-    count: int
+    __slots__ = ("count", "template")
+
+    def __init__(self, template: Template, count: int) -> None:
+        self.template = template
+        self.count = count
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Group):
+            return NotImplemented
+        return self.template == other.template and self.count == other.count
+
+    def __hash__(self) -> int:
+        return hash((self.template, self.count))
+
+    def __repr__(self) -> str:
+        return f"Group(template={self.template!r}, count={self.count!r})"
 
 
 def _microbatches_by(template: Template, deadline_s: float) -> int:

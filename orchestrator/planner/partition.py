@@ -99,6 +99,10 @@ def _reachable(
         every_layer_fits = (
             layer_s <= bottleneck_s - stage.comm_s and layer_bytes <= stage.memory_cap_bytes
         )
+        # _furthest_end's terms, read once per stage.
+        compute = stage.table.compute_prefix_s
+        own_s = bottleneck_s - stage.comm_s - stage.table.call_s
+        mem, cap = stage.memory_prefix, stage.memory_cap_bytes
         for lo, hi in starts:
             hi = min(hi, num_layers - 1)
             if lo > hi:
@@ -109,10 +113,14 @@ def _reachable(
                 ends.append((lo + 1, _furthest_end(stage, hi, bottleneck_s, num_layers)))
                 continue
             for b in range(lo, hi + 1):
-                f = _furthest_end(stage, b, bottleneck_s, num_layers)
+                f = min(
+                    bisect_right(compute, compute[b] + own_s, b) - 1,
+                    bisect_right(mem, mem[b] + cap, b) - 1,
+                    num_layers,
+                )
                 if f > b:
                     ends.append((b + 1, f))
-        starts = _merge(ends)
+        starts = _merge(ends) if len(ends) > 1 else ends
         out.append(starts)
     return out
 
@@ -138,7 +146,7 @@ def _boundaries(
     cannot reach the end no earlier one can (and reachability says one can).
     """
     if largest is None:
-        largest = [_largest_layer(stage) for stage in stages]
+        largest = [st.table.largest_layer(st.in_flight) for st in stages]
     reach = _reachable(stages, num_layers, bottleneck_s, largest)
     last = reach[-1]
     if not last or last[-1][1] < num_layers:
@@ -161,14 +169,25 @@ def _greedy(stages: list[StageCosts], num_layers: int, bottleneck_s: float) -> l
     p = len(stages)
     boundaries = [0]
     start = 0
-    for s, stage in enumerate(stages):
-        last_allowed = num_layers - (p - 1 - s)  # leave one layer for each later stage
-        end = _furthest_end(stage, start, bottleneck_s, last_allowed)
-        if end <= start or (s == p - 1 and end < num_layers):
+    last_allowed = num_layers - p  # leave one layer for each later stage
+    for stage in stages:
+        last_allowed += 1
+        # _furthest_end, inlined (the search's most frequent pass).
+        table = stage.table
+        compute = table.compute_prefix_s
+        own_s = bottleneck_s - stage.comm_s - table.call_s
+        end = bisect_right(compute, compute[start] + own_s, start) - 1
+        mem = stage.memory_prefix
+        by_memory = bisect_right(mem, mem[start] + stage.memory_cap_bytes, start) - 1
+        if by_memory < end:
+            end = by_memory
+        if last_allowed < end:
+            end = last_allowed
+        if end <= start:
             return None
         boundaries.append(end)
         start = end
-    return boundaries
+    return boundaries if start == num_layers else None
 
 
 def _greedy_event(
@@ -260,10 +279,12 @@ def fits_memory(stages: list[StageCosts], num_layers: int) -> bool:
     if not stages or len(stages) > num_layers:
         return False
     hi = _no_time_limit_s(stages, num_layers)
-    return (
-        _greedy(stages, num_layers, hi) is not None
-        or _boundaries(stages, num_layers, hi) is not None
-    )
+    if _greedy(stages, num_layers, hi) is not None:
+        return True
+    largest = [st.table.largest_layer(st.in_flight) for st in stages]
+    if _greedy_is_exact(stages, num_layers, hi, largest):
+        return False  # every layer fits every stage: greedy fails only where no split fits
+    return _boundaries(stages, num_layers, hi, largest) is not None
 
 
 _MARGIN = 1e-9  # relative room that float rounding of the prefix sums cannot cross
@@ -295,7 +316,7 @@ def split_layers(stages: list[StageCosts], num_layers: int) -> Split | None:
     if not stages or len(stages) > num_layers:
         return None
     hi = _no_time_limit_s(stages, num_layers)
-    largest = [_largest_layer(stage) for stage in stages]
+    largest = [st.table.largest_layer(st.in_flight) for st in stages]
 
     def exact(stages: list[StageCosts], num_layers: int, budget_s: float) -> list[int] | None:
         return _boundaries(stages, num_layers, budget_s, largest)
@@ -314,7 +335,10 @@ def split_layers(stages: list[StageCosts], num_layers: int) -> Split | None:
         if better is not None:
             _, _, best = _bisect(exact, stages, num_layers, 0.0, lo, better)
     else:
-        found = exact(stages, num_layers, hi)
+        # Greedy failed with time unbounded: where every layer fits every stage, memory rules
+        # out every split (greedy is exact there), else the exact check decides.
+        greedy_decides = _greedy_is_exact(stages, num_layers, hi, largest)
+        found = None if greedy_decides else exact(stages, num_layers, hi)
         if found is None:
             return None  # memory rules out every split, whatever the time budget
         _, _, best = _bisect(exact, stages, num_layers, 0.0, hi, found)

@@ -263,15 +263,20 @@ class SelectionSearch:
         for _ in range(cfg.mixed_rounds):
             expansions: dict[tuple[object, ...], Selection] = {}
             score_by_template: dict[int, float] = {}
-            counts_of: dict[int, int] = {}  # the most replicas of each candidate the devices hold
+            # The replica counts tried of each candidate (up to the most the devices hold).
+            tries_of: dict[int, list[int]] = {}
             for state in beam:
                 base = list(state.groups) if state else []
                 for i, t in enumerate(candidates):
-                    most = counts_of.get(i)
-                    if most is None:
-                        most = counts_of[i] = min(free[d] // n for d, n in t.usage.items())
-                    for count in sorted(c for c in {1, 2, 4, 8, 16, most} if 1 <= c <= most):
-                        left = {d: free[d] - count * t.usage.get(d, 0) for d in free}
+                    tries = tries_of.get(i)
+                    if tries is None:
+                        most = min(free[d] // n for d, n in t.usage.items())
+                        tries = sorted(c for c in {1, 2, 4, 8, 16, most} if 1 <= c <= most)
+                        tries_of[i] = tries
+                    for count in tries:
+                        left = dict(free)
+                        for d, n in t.usage.items():
+                            left[d] -= count * n
                         groups = [Group(t, count), *_fit_counts(base, left)]
                         found = self._score(groups)
                         if found is not None:

@@ -364,6 +364,7 @@ def _stage_costs(
     tables_by_key = {} if state_tables is None else state_tables
     if comms is None:
         comms = _stage_comm_s(tables, infos, stage_types, microbatch_size)
+    kept = tables.templates  # stages alike across shapes, shared (see below)
     for s, (name, tp) in enumerate(stage_types):
         on = bool(recompute) and recompute[s]
         known = None if stage_cache is None else stage_cache.get((s, on))
@@ -371,8 +372,18 @@ def _stage_costs(
             stages.append(cast("StageCosts", known))
             continue
         comm_s = comms[s]
+        # A stage's costs depend on these alone: shapes that share a stage (same type, tp,
+        # recompute, sharding, boundary transfers, microbatches in flight, memory cap) share it.
+        cap_bytes = infos[name].memory_cap_bytes
+        key = ("stage", name, tp, microbatch_size, on, shard, comm_s, p - s, cap_bytes)
+        shared = kept.get(key)
+        if shared is not None:
+            stages.append(cast("StageCosts", shared))
+            if stage_cache is not None:
+                stage_cache[(s, on)] = shared
+            continue
         table = tables.table(name, microbatch_size, tp, on)
-        cap = infos[name].memory_cap_bytes - (_transient_max_bytes(tables, table) if on else 0.0)
+        cap = cap_bytes - (_transient_max_bytes(tables, table) if on else 0.0)
         if shard is not None:
             state_table = tables_by_key.get((name, table.recompute))
             if state_table is None:
@@ -390,6 +401,7 @@ def _stage_costs(
                 memory_cap_bytes=cap,
             )
         )
+        kept[key] = stages[-1]
         if stage_cache is not None:
             stage_cache[(s, on)] = stages[-1]
     if stage_cache is not None:

@@ -9,6 +9,8 @@
 - The split skips its exact check below the greedy optimum where every layer fits every stage.
 - The recompute count is found checking only whether a split fits memory, the split's time
   solved once at the count found.
+- Where greedy finds no split with time unbounded and every layer fits every stage, memory
+  rules out every split: no exact check is run (memory checks and splits alike).
 """
 
 from __future__ import annotations
@@ -265,3 +267,39 @@ def test_recompute_count_found_by_memory_checks_is_the_count_full_solves_find() 
                 assert found == want, shape
                 recomputing += found is not None and any(found.recompute)
     assert recomputing > 0  # some shapes fit only with stages recomputing
+
+
+def test_memory_refusal_where_greedy_is_exact_matches_the_exact_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Tight memory caps (each stage holds a few of the layers): where greedy fails with time
+    # unbounded and every layer fits every stage, fits_memory and split_layers refuse without
+    # the exact reachability check, and give what they give with it.
+    rng = random.Random(17)
+    exact_is = partition._greedy_is_exact
+    calls = {"refused": 0, "fits": 0}
+    for _ in range(600):
+        n = rng.randint(2, 30)
+        p = rng.randint(1, min(6, n))
+        mems = [rng.choice([0.2, 1.0]) * rng.random() for _ in range(n)]
+        stages = [
+            StageCosts(
+                _literal_table([rng.random() for _ in range(n)], mems),
+                rng.choice([0.0, 0.3]),
+                rng.randint(1, 3),
+                rng.choice([sum(mems) / p * f for f in (0.8, 1.0, 1.2, 1.6)] + [0.3]),
+            )
+            for _ in range(p)
+        ]
+        fast = (partition.fits_memory(stages, n), partition.split_layers(stages, n))
+        monkeypatch.setattr(partition, "_greedy_is_exact", lambda *a: False)
+        slow = (partition.fits_memory(stages, n), partition.split_layers(stages, n))
+        monkeypatch.setattr(partition, "_greedy_is_exact", exact_is)
+        assert fast == slow
+        assert fast[0] == (fast[1] is not None)
+        hi = partition._no_time_limit_s(stages, n)
+        largest = [partition._largest_layer(st) for st in stages]
+        if partition._greedy(stages, n, hi) is None and exact_is(stages, n, hi, largest):
+            calls["refused"] += 1  # the shortcut decided these
+        calls["fits"] += fast[0]
+    assert calls["refused"] > 50 and calls["fits"] > 50  # both outcomes occur often
