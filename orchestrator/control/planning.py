@@ -74,6 +74,7 @@ class MakePlanPlanner:
             plan=plan,
             predicted_step_s=result.estimate.step_time_s,
             bound_step_s=result.bound_step_time_s,
+            predicted_stage_s={(d.replica, d.stage): d.compute_s for d in result.estimate.devices},
             notes=note,
         )
 
@@ -132,7 +133,13 @@ class FixedPlanner:
             self.plan, cluster, self.model, self.training, self.profiles, schedule=self.schedule
         )
         # No bound: the fluid bound belongs to a search over plans, and this plan was not searched.
-        return PlanProposal(self.plan, estimate.step_time_s, float("nan"), notes="fixed plan")
+        return PlanProposal(
+            self.plan,
+            estimate.step_time_s,
+            float("nan"),
+            predicted_stage_s={(d.replica, d.stage): d.compute_s for d in estimate.devices},
+            notes="fixed plan",
+        )
 
 
 def check_fits(plan: Plan, snapshot: ClusterSnapshot) -> None:
