@@ -71,7 +71,9 @@ def test_restore_type_names_is_identity_on_plain_plans():
 def test_the_running_plan_is_costed_as_the_search_costs_it_and_slower_on_a_slowed_node():
     planner = MakePlanPlanner(MODEL, TRAINING)
     proposal = planner(SNAPSHOT, {})
-    assert planner.estimate(proposal.plan, SNAPSHOT, {}) == pytest.approx(proposal.predicted_step_s)
+    assert planner.estimate(proposal.plan, SNAPSHOT, {}) == pytest.approx(
+        proposal.predicted_step_s
+    )
     used = sorted({s.node for r in proposal.plan.replicas for s in r.stages if s.node})
     slowed = planner.estimate(proposal.plan, SNAPSHOT, {used[0]: 4.0})
     assert slowed > proposal.predicted_step_s
