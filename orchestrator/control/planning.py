@@ -17,6 +17,7 @@ is unchanged. Memory is not derated: a throttled GPU holds as much as before.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from orchestrator.control.ports import PlanProposal
 from orchestrator.errors import InfeasibleError
@@ -28,7 +29,16 @@ from orchestrator.spec.plan import Plan
 from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileFile, ProfileSet
 from orchestrator.spec.snapshot import ClusterSnapshot
 
+if TYPE_CHECKING:  # the cost model loads on first use, with the search
+    from orchestrator.costmodel.result import Estimate
+
 SLOW_MARK = "~slow"
+
+
+def stage_busy_s(estimate: Estimate) -> dict[tuple[int, int], float]:
+    """(replica, stage) -> predicted forward, backward and update seconds per step: what a
+    stage's ``StageTiming.compute_s`` measures (``PlanProposal.predicted_stage_s``)."""
+    return {(d.replica, d.stage): d.compute_s + d.update_s for d in estimate.devices}
 
 
 class MakePlanPlanner:
@@ -74,7 +84,7 @@ class MakePlanPlanner:
             plan=plan,
             predicted_step_s=result.estimate.step_time_s,
             bound_step_s=result.bound_step_time_s,
-            predicted_stage_s={(d.replica, d.stage): d.compute_s for d in result.estimate.devices},
+            predicted_stage_s=stage_busy_s(result.estimate),
             notes=note,
         )
 
@@ -137,7 +147,7 @@ class FixedPlanner:
             self.plan,
             estimate.step_time_s,
             float("nan"),
-            predicted_stage_s={(d.replica, d.stage): d.compute_s for d in estimate.devices},
+            predicted_stage_s=stage_busy_s(estimate),
             notes="fixed plan",
         )
 
