@@ -59,8 +59,9 @@ def _rank_main(rank: int, configs: list[EngineConfig], ports: list[int], out: Pa
     engine.leave_groups()
     world_last = destroyed[-1] is None and all(g is not None for g in destroyed[:-1])
     by_name = [id(g) for g in destroyed[:-1]]
-    mesh_resolves = True
+    mesh_resolves = False  # no mesh at tp 1
     if mesh is not None:
+        mesh_resolves = True
         try:
             mesh.get_group()
         except RuntimeError:
