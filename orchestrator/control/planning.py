@@ -17,6 +17,7 @@ is unchanged. Memory is not derated: a throttled GPU holds as much as before.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from orchestrator.control.ports import PlanProposal
 from orchestrator.errors import InfeasibleError
@@ -28,7 +29,16 @@ from orchestrator.spec.plan import Plan
 from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileFile, ProfileSet
 from orchestrator.spec.snapshot import ClusterSnapshot
 
+if TYPE_CHECKING:  # the cost model loads on first use, with the search
+    from orchestrator.costmodel.result import Estimate
+
 SLOW_MARK = "~slow"
+
+
+def stage_busy_s(estimate: Estimate) -> dict[tuple[int, int], float]:
+    """(replica, stage) -> predicted forward, backward and update seconds per step: what a
+    stage's ``StageTiming.compute_s`` measures (``PlanProposal.predicted_stage_s``)."""
+    return {(d.replica, d.stage): d.compute_s + d.update_s for d in estimate.devices}
 
 
 class MakePlanPlanner:
@@ -74,6 +84,7 @@ class MakePlanPlanner:
             plan=plan,
             predicted_step_s=result.estimate.step_time_s,
             bound_step_s=result.bound_step_time_s,
+            predicted_stage_s=stage_busy_s(result.estimate),
             notes=note,
         )
 
@@ -132,7 +143,13 @@ class FixedPlanner:
             self.plan, cluster, self.model, self.training, self.profiles, schedule=self.schedule
         )
         # No bound: the fluid bound belongs to a search over plans, and this plan was not searched.
-        return PlanProposal(self.plan, estimate.step_time_s, float("nan"), notes="fixed plan")
+        return PlanProposal(
+            self.plan,
+            estimate.step_time_s,
+            float("nan"),
+            predicted_stage_s=stage_busy_s(estimate),
+            notes="fixed plan",
+        )
 
 
 def check_fits(plan: Plan, snapshot: ClusterSnapshot) -> None:

@@ -43,12 +43,17 @@ class PlanProposal:
 
     ``stage_compute_s`` optionally maps (replica, stage) to predicted compute seconds per step;
     the straggler detector uses it as the baseline (else it learns one from the first steps).
+    ``predicted_stage_s`` maps (replica, stage) to the cost model's busy seconds per step of
+    that stage; only ratios between stages are read from it (the readmit verdict,
+    ``policies/readmit.py``), since on a loaded host every stage may be off the model by more
+    than a straggler threshold while their ratios hold.
     """
 
     plan: Plan
     predicted_step_s: float
     bound_step_s: float
     stage_compute_s: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    predicted_stage_s: Mapping[tuple[int, int], float] = field(default_factory=dict)
     notes: str = ""
 
 

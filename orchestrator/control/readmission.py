@@ -5,9 +5,11 @@ Called from RUNNING after each committed step. Three moments:
 - *track*: which nodes planned as slow have no work in the running plan (their cool-down runs);
 - *try*: a due node is planned at its labelled speed; the switch rule decides, and a switch
   taken puts the node on trial (a ``readmit`` event, plan reason ``readmit``);
-- *judge*: once the trial's plan has run a straggler window, its measured step time against
-  the expected one says whether the node is back or still slow (it then gets its slowdown back
-  and the planner is asked again, so it is dropped again with a longer cool-down).
+- *judge*: once the trial's plan has run a straggler window, the node's stages against the
+  other stages (each stage's time as the straggler detector measured it, over the cost model's
+  prediction), or the whole step against the expected one where the node runs every measured
+  stage, say whether the node is back or still slow (it then gets its slowdown back and the
+  planner is asked again, so it is dropped again with a longer cool-down).
 """
 
 from __future__ import annotations
@@ -16,19 +18,39 @@ from orchestrator.control.context import RunContext
 from orchestrator.control.events import EventKind, PlanReason
 from orchestrator.control.states import ResizingState, RunningState
 from orchestrator.errors import InfeasibleError, TransientError
-from orchestrator.policies.readmit import ReadmitPolicy
+from orchestrator.policies.readmit import ReadmitPolicy, Rule
 from orchestrator.policies.replan import ReplanDecision
 from orchestrator.spec.plan import Plan
 
 
-def nodes_with_work(ctx: RunContext, plan: Plan) -> set[str]:
-    """Nodes that run a stage of ``plan`` (its pin, else where its rank was placed)."""
+def stage_nodes(ctx: RunContext, plan: Plan) -> dict[tuple[int, int], str]:
+    """(replica, stage) -> the node it runs on (its pin, else where its rank was placed)."""
     placement = ctx.workers.placement()
     first = plan.first_ranks()
     return {
-        node
+        (r, s): node
         for r, s, stage in plan.ranked_stages()
         if (node := stage.node or placement.get(first[(r, s)])) is not None
+    }
+
+
+def nodes_with_work(ctx: RunContext, plan: Plan) -> set[str]:
+    """Nodes that run a stage of ``plan`` (its pin, else where its rank was placed)."""
+    return set(stage_nodes(ctx, plan).values())
+
+
+def stage_ratios(ctx: RunContext) -> dict[tuple[int, int], float]:
+    """Each stage of the running plan: measured / predicted compute time, where the straggler
+    detector has measured it (the median of its first window after the warm-up, see
+    ``policies/straggler.py``) and the plan's proposal predicts it."""
+    led = ctx.ledger
+    if led.proposal is None:
+        return {}
+    predicted = led.proposal.predicted_stage_s or led.proposal.stage_compute_s
+    return {
+        key: measured_s / predicted[key]
+        for key, measured_s in led.stragglers.measured_s.items()
+        if predicted.get(key, 0.0) > 0 and measured_s > 0
     }
 
 
@@ -130,30 +152,47 @@ def _try(
 def _judge(ctx: RunContext, s: RunningState, policy: ReadmitPolicy) -> ResizingState | None:
     """The trial plan runs: after a straggler window, is the node back or still slow?"""
     led = ctx.ledger
-    verdict = policy.judge(led.measurements.steps_seen - 1, led.measurements.current_step_s)
+    trial = policy.trial
+    if trial is None or led.measurements.steps_seen - 1 < policy.window:
+        return None
+    on_node = {k for k, n in stage_nodes(ctx, s.proposal.plan).items() if n == trial.node}
+    verdict = policy.judge(
+        led.measurements.steps_seen - 1,
+        led.measurements.current_step_s,
+        stage_ratios(ctx),
+        on_node,
+    )
     if verdict is None:
         return None
     t = verdict.trial
-    numbers = {
+    numbers: dict[str, object] = {
         "node": t.node,
+        "rule": verdict.rule,
         "measured_step_s": verdict.measured_step_s,
         "expected_step_s": t.expected_step_s,
         "ratio": verdict.ratio,
         "still_slow": verdict.still_slow,
     }
+    if verdict.rule == Rule.STAGES:
+        numbers.update(node_ratio=verdict.node_ratio, others_ratio=verdict.others_ratio)
+        why = (
+            f"its stages {verdict.node_ratio:.2f}x their prediction, the other stages "
+            f"{verdict.others_ratio:.2f}x ({verdict.ratio:.2f}x relative)"
+        )
+    else:
+        why = (
+            f"{verdict.measured_step_s:.3f} s/step measured, {t.expected_step_s:.3f} expected "
+            f"({verdict.ratio:.2f}x)"
+        )
     if not verdict.still_slow:
         ctx.record(
-            EventKind.READMIT,
-            f"node {t.node} is back at its labelled speed: {verdict.measured_step_s:.3f} s/step "
-            f"measured, {t.expected_step_s:.3f} expected ({verdict.ratio:.2f}x)",
-            **numbers,
+            EventKind.READMIT, f"node {t.node} is back at its labelled speed: {why}", **numbers
         )
         return None
     led.slowdown_by_node[t.node] = t.slowdown
     ctx.record(
         EventKind.READMIT,
-        f"node {t.node} is still slow: {verdict.measured_step_s:.3f} s/step measured, "
-        f"{t.expected_step_s:.3f} expected ({verdict.ratio:.2f}x); planned {t.slowdown:.2f}x "
+        f"node {t.node} is still slow: {why}; planned {t.slowdown:.2f}x "
         f"slower again, next try after {verdict.next_cooldown_s:.0f} s without work",
         cooldown_s=verdict.next_cooldown_s,
         slowdown_factor=t.slowdown,

@@ -116,5 +116,6 @@ def _renamed(proposal: PlanProposal, rename: Mapping[str, str]) -> PlanProposal:
         predicted_step_s=proposal.predicted_step_s,
         bound_step_s=proposal.bound_step_s,
         stage_compute_s=proposal.stage_compute_s,
+        predicted_stage_s=proposal.predicted_stage_s,
         notes=proposal.notes,
     )

@@ -59,6 +59,7 @@ from orchestrator.worker.precision import (
 )
 from orchestrator.worker.recipe import OptimizerRecipe
 from orchestrator.worker.schedule import Schedule, microbatch_sizes
+from orchestrator.worker.subgroups import leave_world
 from orchestrator.worker.tied import TiedGradients, copy_initial_weights, tied_copies
 
 log = logging.getLogger(__name__)
@@ -598,7 +599,8 @@ class StageEngine:
         to it goes, and ``destroy_process_group`` alone leaves a subgroup this engine still holds
         (gradient, tied, shard groups) connected, so a peer waiting on this rank there would
         wait out its timeout; with the handles gone it fails at once with a closed connection.
-        Tensor-parallel meshes live in the layers' parameters and stay until the layers go."""
+        Every subgroup, the tensor-parallel ones too (their meshes live on in the layers'
+        parameters), is destroyed by name before the world (``worker/subgroups.py``)."""
         import gc
 
         if self.grad_sync is not None:
@@ -614,8 +616,7 @@ class StageEngine:
         if self.sharding is not None:
             for g in self.sharding.groups:
                 g.all_handle = g.sharded_handle = None
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_world()
         gc.collect()  # the groups' last references may sit in reference cycles
 
     def shutdown(self) -> None:
@@ -624,8 +625,7 @@ class StageEngine:
             self.grad_sync.close()
         if self.layerwise is not None:
             self.layerwise.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_world()
         self.groups = None
         self.layerwise = None
         self.grad_sync = None

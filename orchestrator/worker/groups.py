@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from orchestrator.spec.plan import Plan
+from orchestrator.worker import subgroups
 from orchestrator.worker.tensor_parallel import grad_contribution, set_grad_from_whole
 from orchestrator.worker.topology import GradGroup, RankSpec, grad_groups, ranks_for_plan
 
@@ -48,7 +49,7 @@ class GradientGroups:
         self.mine: list[tuple[GradGroup, dist.ProcessGroup]] = []
         # new_group is collective over the world: every rank creates every group, same order.
         for group in grad_groups(plan):
-            handle = dist.new_group(ranks=list(group.ranks))
+            handle = subgroups.new_group(group.ranks)
             if rank in group.ranks:
                 self.mine.append((group, handle))
 

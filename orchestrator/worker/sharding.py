@@ -49,7 +49,7 @@ from torch import nn
 
 from orchestrator.errors import SpecError
 from orchestrator.spec.plan import Plan, Sharding
-from orchestrator.worker import tensor_parallel
+from orchestrator.worker import subgroups, tensor_parallel
 from orchestrator.worker.optim import optimizer_order, recipe_optimizer, set_learning_rate
 from orchestrator.worker.recipe import OptimizerRecipe
 from orchestrator.worker.topology import ShardGroup, shard_bounds, shard_groups
@@ -149,7 +149,7 @@ class ShardedState:
         self.param_groups: dict[int, list[dict[str, Any]]] = {}
         self.shapes: dict[int, tuple[int, ...]] = {}  # id(parameter) -> whole shape (``full``)
         for group in shard_groups(plan):
-            handle = dist.new_group(ranks=list(group.sharded))
+            handle = subgroups.new_group(group.sharded)
             if rank in group.sharded:
                 self.groups.append(_Group(group, rank, all_handles[group.ranks], handle))
         for g in self.groups:

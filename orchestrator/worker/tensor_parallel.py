@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -39,6 +38,7 @@ from torch.distributed.tensor.parallel import (
 
 from orchestrator.errors import SpecError
 from orchestrator.spec.plan import Plan
+from orchestrator.worker import subgroups
 from orchestrator.worker.model_api import LayeredModel
 from orchestrator.worker.optim import optimizer_order
 from orchestrator.worker.topology import RankSpec, tp_groups
@@ -70,7 +70,7 @@ def make_mesh(plan: Plan, spec: RankSpec, device: torch.device) -> DeviceMesh | 
     this rank's mesh, or None at tp 1."""
     mine: DeviceMesh | None = None
     for ranks in tp_groups(plan):
-        group = dist.new_group(ranks=list(ranks))
+        group = subgroups.new_group(ranks)
         if spec.rank in ranks:
             mine = DeviceMesh.from_group(group, device.type)
     return mine

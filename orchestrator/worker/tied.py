@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from orchestrator.spec.plan import Plan
+from orchestrator.worker import subgroups
 from orchestrator.worker.layers import build_layers
 from orchestrator.worker.topology import ranks_for_plan
 
@@ -84,7 +85,7 @@ class TiedGradients:
                 member: min(s.rank for s in specs if member[0] in s.layer_indices)
                 for member in group
             }
-            handle = dist.new_group(ranks=holders) if len(holders) > 1 else None
+            handle = subgroups.new_group(holders) if len(holders) > 1 else None
             if rank in holders:
                 counted = [m for m in group if canonical[m] == rank]
                 self.groups.append((group, counted, handle))

@@ -108,6 +108,9 @@ class FakePlanner:
     one_pipeline: bool = False  # one replica whose stages span every node (one per device)
     # Nodes planned this many times slower (or more) get no work at all (None: every node works).
     drop_slowdown_at: float | None = None
+    # Predict each stage's busy seconds (``PlanProposal.predicted_stage_s``), as the planner
+    # adapter does: the same arithmetic as FakeWorkerGroup.step at each node's planned speed.
+    stage_predictions: bool = False
 
     def __call__(
         self, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
@@ -138,8 +141,16 @@ class FakePlanner:
             replicas.append(ReplicaSpec(batch_size=batch, stages=stages))
         plan = Plan(global_batch_size=GLOBAL_BATCH, microbatch_size=1, replicas=tuple(replicas))
         step_s = max(b / speeds[n.node_id] for n, b in zip(nodes, batches, strict=True))
+        predicted = {
+            (r, s): rep.batch_size / speeds[node.node_id] / len(rep.stages)
+            for r, (node, rep) in enumerate(zip(nodes, replicas, strict=True))
+            for s in range(len(rep.stages))
+        }
         return PlanProposal(
-            plan, predicted_step_s=step_s, bound_step_s=GLOBAL_BATCH / sum(speeds.values())
+            plan,
+            predicted_step_s=step_s,
+            bound_step_s=GLOBAL_BATCH / sum(speeds.values()),
+            predicted_stage_s=predicted if self.stage_predictions else {},
         )
 
     def _one_pipeline(self, nodes: list[NodeInfo]) -> PlanProposal:
@@ -207,6 +218,9 @@ class FakeWorkerGroup:
         self.stops = 0
         self.launch_s, self.fetch_s = 2.0, 0.5
         self.throttle: dict[str, float] = {}  # node -> factor its compute is slowed by
+        # Nodes sharing a host's CPUs: with this many nodes working, every stage is this many
+        # times slower (absent: 1).
+        self.contention: dict[int, float] = {}
         self.before_step: Callable[[int], None] | None = None  # hook: inject events mid-step
         self.step_errors: dict[int, Exception] = {}  # step -> exception it raises
         self.overflows: dict[int, int] = {}  # step -> times it overflows in fp16 (no update)
@@ -237,12 +251,14 @@ class FakeWorkerGroup:
         # Same arithmetic as FakePlanner: a replica takes batch / speed seconds, split evenly
         # over its stages; a throttled node stretches its stages.
         timings, replica_s = [], []
+        working = {st.node for rep in self.plan.replicas for st in rep.stages}
+        crowd = self.contention.get(len(working), 1.0)
         for r, rep in enumerate(self.plan.replicas):
             speed = sum(SPEEDS[stage.device_type] for stage in rep.stages)
             total_s = 0.0
             for s, stage in enumerate(rep.stages):
                 compute_s = rep.batch_size / speed / len(rep.stages)
-                compute_s *= self.throttle.get(stage.node or "", 1.0)
+                compute_s *= self.throttle.get(stage.node or "", 1.0) * crowd
                 timings.append(StageTiming(r, s, stage.device_type, compute_s, 0.0))
                 total_s += compute_s
             replica_s.append(total_s)

@@ -32,6 +32,9 @@ def test_plans_on_the_snapshot_with_the_real_planner():
     assert proposal.predicted_step_s >= proposal.bound_step_s > 0
     nodes = {s.node for r in plan.replicas for s in r.stages}
     assert nodes <= SNAPSHOT.node_ids
+    # Every stage's predicted busy seconds (the readmit verdict compares stages by them).
+    assert set(proposal.predicted_stage_s) == {(r, s) for r, s, _ in plan.ranked_stages()}
+    assert all(0 < v <= proposal.predicted_step_s for v in proposal.predicted_stage_s.values())
 
 
 def test_a_slowed_node_is_planned_as_a_derated_type_and_named_back():

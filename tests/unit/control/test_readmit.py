@@ -8,7 +8,7 @@ import pytest
 from control_fakes import NUM_LAYERS, make_harness
 
 from orchestrator.control.events import ControllerStateName, EventKind
-from orchestrator.policies.readmit import ReadmitPolicy
+from orchestrator.policies.readmit import ReadmitPolicy, Rule
 
 RUNNING = ControllerStateName.RUNNING
 
@@ -52,6 +52,54 @@ def test_a_trial_is_judged_after_a_window_against_the_expected_step():
     assert p.trial is None and p.cooldown_for("b") == 60.0
 
 
+# Trial plan of two replicas of two stages; the node on trial runs replica 1.
+ON_NODE = {(1, 0), (1, 1)}
+
+
+def test_contention_that_slows_every_stage_alike_finds_the_node_back():
+    p = ReadmitPolicy(threshold=1.3, window=5)
+    p.begin("b", 3.0, expected_step_s=1.0, now_s=0.0)
+    alike = {(0, 0): 1.6, (0, 1): 1.62, (1, 0): 1.58, (1, 1): 1.6}  # the host is crowded
+    verdict = p.judge(5, 1.6, alike, ON_NODE)
+    assert verdict is not None and verdict.rule == Rule.STAGES and not verdict.still_slow
+    assert verdict.node_ratio == pytest.approx(1.6)  # its slowest stage
+    assert verdict.others_ratio == pytest.approx(1.6)  # the lower median of the others
+    assert verdict.ratio == pytest.approx(1.0)
+    # The whole step alone would have called it still slow: 1.6 s against 1.0 expected.
+    p.begin("b", 3.0, expected_step_s=1.0, now_s=0.0)
+    step_only = p.judge(5, 1.6)
+    assert step_only is not None and step_only.rule == Rule.STEP and step_only.still_slow
+
+
+def test_the_nodes_stages_alone_slow_find_it_still_slow():
+    p = ReadmitPolicy(cooldown_s=60.0, threshold=1.3, window=5)
+    p.begin("b", 3.0, expected_step_s=1.0, now_s=0.0)
+    # Its stages 3x their prediction, the others 1.1x: 2.7x slower than the rest; one of its
+    # stages at speed does not hide the other (the slowest counts).
+    ratios = {(0, 0): 1.1, (0, 1): 1.1, (1, 0): 1.0, (1, 1): 2.97}
+    verdict = p.judge(5, 3.0, ratios, ON_NODE)
+    assert verdict is not None and verdict.rule == Rule.STAGES and verdict.still_slow
+    assert verdict.ratio == pytest.approx(2.7)
+    assert verdict.next_cooldown_s == 120.0 and p.failed_trials == {"b": 1}
+
+
+def test_without_another_stage_to_compare_with_the_whole_step_judges():
+    p = ReadmitPolicy(threshold=1.3, window=5)
+    alone = {(0, 0): 1.6, (0, 1): 1.6}  # the node runs every stage of the trial plan
+    for ratios in (alone, {}, None):
+        p.begin("b", 3.0, expected_step_s=1.0, now_s=0.0)
+        slow = p.judge(5, 1.6, ratios, {(0, 0), (0, 1)})
+        assert slow is not None and slow.rule == Rule.STEP and slow.still_slow
+        assert slow.ratio == pytest.approx(1.6) and slow.node_ratio is None
+        p.begin("b", 3.0, expected_step_s=1.0, now_s=0.0)
+        back = p.judge(5, 1.2, ratios, {(0, 0), (0, 1)})
+        assert back is not None and back.rule == Rule.STEP and not back.still_slow
+    # Only other stages measured (none of the node's): the step rule too.
+    p.begin("b", 3.0, expected_step_s=1.0, now_s=0.0)
+    others_only = p.judge(5, 1.2, {(0, 0): 1.0}, ON_NODE)
+    assert others_only is not None and others_only.rule == Rule.STEP
+
+
 def test_a_node_still_slow_waits_longer_each_time_up_to_the_cap():
     p = ReadmitPolicy(cooldown_s=60.0, backoff=2.0, max_cooldown_s=200.0, window=3)
     cooldowns = []
@@ -88,7 +136,7 @@ def test_an_abandoned_trial_counts_as_failed_only_when_the_node_was_found_slow()
 # -- the controller on fakes ------------------------------------------------------------------
 
 
-def _dropped_harness(total_steps: int):
+def _dropped_harness(total_steps: int, stage_predictions: bool = False):
     """Two nodes; b is throttled 3x at step 10 and the planner leaves it out (no work)."""
     h = make_harness(
         [("a", "A100-80", 2), ("b", "A100-80", 2)],
@@ -98,6 +146,7 @@ def _dropped_harness(total_steps: int):
         readmit_backoff=2.0,
     )
     h.planner.drop_slowdown_at = 2.0
+    h.planner.stage_predictions = stage_predictions
     h.states_until(lambda c: c.state.name is RUNNING and c.ledger.next_step >= 10)
     h.workers.throttle["b"] = 3.0
     h.states_until(lambda c: len(h.workers.launches) == 2 and c.state.name is RUNNING)
@@ -138,12 +187,49 @@ def test_a_dropped_straggler_that_cooled_down_gets_work_back_after_the_cool_down
     assert h.final_layer_states() == {i: tuple(range(200)) for i in range(NUM_LAYERS)}
 
 
-def test_a_dropped_straggler_still_slow_is_dropped_again_with_a_longer_cool_down():
-    h = _dropped_harness(total_steps=400)
+def test_a_readmitted_node_on_a_crowded_host_is_judged_against_the_other_stages():
+    """Nodes sharing CPUs: with both working, every stage runs 1.6x slower than predicted. The
+    trial's whole step is then 1.6x the expectation calibrated on a alone, yet b is at speed:
+    its stages are as far off their prediction as a's, so it is back."""
+    h = _dropped_harness(total_steps=200, stage_predictions=True)
+    h.workers.contention[2] = 1.6
+    h.workers.throttle["b"] = 1.0
+    h.states_until(lambda c: len(c.journal.of_kind(EventKind.READMIT)) == 2, limit=2000)
+    verdict = h.controller.journal.of_kind(EventKind.READMIT)[1]
+    assert verdict.data["rule"] == Rule.STAGES and verdict.data["still_slow"] is False
+    assert verdict.data["measured_step_s"] == pytest.approx(1.6)
+    assert verdict.data["expected_step_s"] == pytest.approx(1.0)
+    assert verdict.data["node_ratio"] == pytest.approx(1.6)
+    assert verdict.data["others_ratio"] == pytest.approx(1.6)
+    assert verdict.data["ratio"] == pytest.approx(1.0)
+    assert h.controller.ledger.slowdown_by_node == {}
+    h.states_until(lambda c: c.done, limit=2000)
+    assert len(h.workers.launches) == 3  # kept: not dropped again
+    assert h.final_layer_states() == {i: tuple(range(200)) for i in range(NUM_LAYERS)}
+
+
+def test_without_stage_predictions_the_crowded_trial_falls_back_to_the_whole_step():
+    h = _dropped_harness(total_steps=200)
+    h.workers.contention[2] = 1.6
+    h.workers.throttle["b"] = 1.0
+    h.states_until(lambda c: len(c.journal.of_kind(EventKind.READMIT)) == 2, limit=2000)
+    verdict = h.controller.journal.of_kind(EventKind.READMIT)[1]
+    assert verdict.data["rule"] == Rule.STEP and verdict.data["still_slow"] is True
+    assert verdict.data["ratio"] == pytest.approx(1.6)
+
+
+@pytest.mark.parametrize("stage_predictions", [False, True])
+def test_a_dropped_straggler_still_slow_is_dropped_again_with_a_longer_cool_down(
+    stage_predictions: bool,
+):
+    h = _dropped_harness(total_steps=400, stage_predictions=stage_predictions)
     h.states_until(lambda c: len(c.journal.of_kind(EventKind.READMIT)) == 2, limit=2000)
     tried, verdict = h.controller.journal.of_kind(EventKind.READMIT)
     assert tried.data["cooldown_s"] == 30.0
     assert verdict.data["still_slow"] is True
+    # b's stages 3x their prediction, a's 1x (with predictions), or the whole step 3x expected.
+    assert verdict.data["rule"] == (Rule.STAGES if stage_predictions else Rule.STEP)
+    assert verdict.data["ratio"] == pytest.approx(3.0)
     # Trial plan: 8 samples each, expected 1 s/step; b's replica takes 3 s.
     assert verdict.data["expected_step_s"] == pytest.approx(1.0)
     assert verdict.data["measured_step_s"] == pytest.approx(3.0)
