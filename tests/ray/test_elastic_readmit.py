@@ -65,10 +65,12 @@ def test_a_straggler_left_without_work_is_readmitted_after_its_cooldown(
         elasticity={
             "switch_threshold": 0.0,
             "straggler_window_steps": 3,
-            # The default threshold (1.3): the trial's verdict compares the node's stages with
-            # the other node's, so the CPUs both emulated nodes share slow them alike and
-            # cancel out (the whole trial step runs up to ~1.4x over the calibration of one
-            # node training alone).
+            # The trial's verdict compares the node's stages with the other node's, so the
+            # CPUs both emulated nodes share slow them alike and cancel out. On a loaded host
+            # a freshly readmitted node's first window still measured up to ~1.3x the other
+            # stage, so the threshold sits between that and the 12x throttle it must tell
+            # apart (the rule, not the margin, is what this test checks).
+            "straggler_threshold": 2.0,
             "readmit_cooldown_s": COOLDOWN_S,
         },
         profiles=str(tmp_path / "profiles"),
