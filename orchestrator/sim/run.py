@@ -135,6 +135,12 @@ def simulate(
     horizon_s = scenario.trace.horizon_s
     while clock.now_s() < horizon_s and not controller.done:
         controller.step()
+        # As Controller.run: a state that waits (a recovery's backoff) is slept through, at most
+        # a poll interval at a time; without it such a state would be stepped forever at one
+        # simulated instant (nothing else moves the clock when no state is read back).
+        wait_s = min(controller.wait_s(), poll_interval_s)
+        if wait_s > 0 and not controller.done:
+            clock.sleep(wait_s)
     if controller.done:
         raise RuntimeError(f"simulated run stopped early: {controller.state}")
     recoveries = [
