@@ -217,3 +217,12 @@ def test_restart_goes_back_to_the_latest_registered_checkpoint():
     assert out.committed_steps == 20 + math.ceil(200.0 - 96.5)
     none = simulate_restart(model, empty_trace(200.0))
     assert none.restarts == 0 and none.committed_steps == 200
+
+
+def test_a_second_failure_in_a_burst_waits_out_its_backoff_on_simulated_time():
+    # The second failure comes within the burst: its recovery waits a backoff. Survivors keep
+    # their state, so nothing else moves the clock: the run must sleep through the wait.
+    trace = FailureTrace((600.0, 605.0), 1_800, 0.0, seed=1)
+    run = _run(trace)
+    assert run.failures == 2 and len(run.recovery_s) == 2
+    assert run.sim_s >= 1_800
