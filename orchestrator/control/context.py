@@ -24,10 +24,18 @@ from orchestrator.control.ports import (
     PlanEstimator,
     Planner,
     PlanProposal,
+    StagesCheckpoints,
     WorkerGroupPort,
     WorkerLost,
+    WritesCheckpoints,
 )
-from orchestrator.control.recovery import LayerState, RestoreKind, RestoreSource, lowest_holders
+from orchestrator.control.recovery import (
+    CheckpointRef,
+    LayerState,
+    RestoreKind,
+    RestoreSource,
+    lowest_holders,
+)
 from orchestrator.control.states import FailedState, FinishedState, RecoveringState
 from orchestrator.errors import InfeasibleError, SpecError, TransientError
 from orchestrator.policies.failure import GiveUp
@@ -151,16 +159,36 @@ class RunContext:
             "plan": led.proposal.plan.model_dump(mode="json") if led.proposal else None,
         }
 
-    def save_checkpoint(self) -> bool:
-        """Read every layer from the workers and save it at ``next_step``.
+    @property
+    def holders_write(self) -> bool:
+        """Whether checkpoints are written by the layers' holders into the store's staging place
+        (a worker port that :class:`WritesCheckpoints` and a store that
+        :class:`StagesCheckpoints`); else every layer is read into this process and saved."""
+        return isinstance(self.workers, WritesCheckpoints) and isinstance(
+            self.checkpoints, StagesCheckpoints
+        )
 
-        Raises :class:`WorkerLost`; any other error is recorded and the run goes on.
+    def save_checkpoint(self) -> bool:
+        """Save every layer's state at ``next_step``: written by the holders where the ports
+        allow (:attr:`holders_write`), else read from the workers and saved here.
+
+        Raises :class:`WorkerLost` (nothing is published then); any other error is recorded and
+        the run goes on.
         """
         step = self.ledger.next_step
         started_s = self.now_s()
-        states, _ = self.read_all_layers()
+        if self.holders_write:
+            _, sources = self.read_all_layers(read=False)
+            states: dict[int, LayerState] = {}
+        else:
+            states, sources = self.read_all_layers()
         try:
-            ref = self.checkpoints.save(step, states, self.run_meta())
+            if self.holders_write:
+                ref = self._write_by_holders(step, sources)
+            else:
+                ref = self.checkpoints.save(step, states, self.run_meta())
+        except WorkerLost:
+            raise
         except Exception as exc:  # a full disk must not kill a healthy run
             self.record(
                 EventKind.CHECKPOINT,
@@ -179,6 +207,19 @@ class RunContext:
         )
         self.journal.notify("on_checkpoint", lambda cb: cb.on_checkpoint("save", duration_s))
         return True
+
+    def _write_by_holders(self, step: int, sources: dict[int, int]) -> CheckpointRef:
+        """The holders of ``sources`` write their layers into a staging place; it is committed
+        only when every writer reported, and dropped on any error (nothing half published)."""
+        store, workers = self.checkpoints, self.workers
+        assert isinstance(store, StagesCheckpoints) and isinstance(workers, WritesCheckpoints)
+        staging = store.begin(step)
+        try:
+            written = workers.write_checkpoint(staging, sources)
+            return store.commit(step, staging, written, self.run_meta())
+        except BaseException:
+            store.abort(staging)
+            raise
 
     @property
     def keeps_survivors(self) -> bool:
@@ -367,15 +408,20 @@ class RunContext:
         if latest_step is not None and latest_step >= restore.resume_step:
             return latest_step
         states = restore.states
-        if not states and self.keeps_survivors:  # the state is still in the workers
-            try:
-                states, _ = self.read_all_layers()
-            except (WorkerLost, TransientError) as exc:
-                self.journal.logger.warning("could not read the survivors' state: %s", exc)
-        if not states:
-            return latest_step
         try:
-            ref = self.checkpoints.save(restore.resume_step, states, self.run_meta())
+            if not states and self.keeps_survivors and self.holders_write:
+                # The state is still in the workers: they write it.
+                _, sources = self.read_all_layers(read=False)
+                ref = self._write_by_holders(restore.resume_step, sources)
+            else:
+                if not states and self.keeps_survivors:  # the state is still in the workers
+                    states, _ = self.read_all_layers()
+                if not states:
+                    return latest_step
+                ref = self.checkpoints.save(restore.resume_step, states, self.run_meta())
+        except (WorkerLost, TransientError) as exc:
+            self.journal.logger.warning("could not save the survivors' state: %s", exc)
+            return latest_step
         except Exception as exc:
             self.record(EventKind.CHECKPOINT, f"final checkpoint failed: {exc}", error=str(exc))
             return latest_step

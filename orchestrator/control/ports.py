@@ -116,6 +116,43 @@ class WorkerGroupPort(Protocol):
         ...
 
 
+@runtime_checkable
+class WritesCheckpoints(Protocol):
+    """A worker port whose workers write their own layers into a checkpoint's staging place
+    (see :class:`StagesCheckpoints`), so that no layer's state passes through the controller.
+    Optional: without it (or without a staging store) the controller reads every layer with
+    :meth:`WorkerGroupPort.fetch_layer_states` and hands the states to the store."""
+
+    def write_checkpoint(self, staging: str, sources: Mapping[int, int]) -> dict[str, object]:
+        """Have the copy of each layer that ``sources`` names (layer -> rank) write the layer's
+        whole state, as of the last committed step, into ``staging``; return what the writers
+        report (file name -> its checksum and size) for :meth:`StagesCheckpoints.commit`.
+        Raises :class:`WorkerLost` when a writer is lost; nothing is published then."""
+        ...
+
+
+@runtime_checkable
+class StagesCheckpoints(Protocol):
+    """A checkpoint store the workers can write into (see :class:`WritesCheckpoints`): the
+    controller begins a staging place, the workers write the layers, the controller commits.
+    ``staging`` must be reachable by every worker (shared storage across hosts)."""
+
+    def begin(self, step: int) -> str:
+        """A fresh staging place for the checkpoint of ``step`` (never read as a checkpoint)."""
+        ...
+
+    def commit(
+        self, step: int, staging: str, written: Mapping[str, object], meta: Mapping[str, object]
+    ) -> CheckpointRef:
+        """Check the staged layers against ``written`` (the writers' reports), add ``meta`` and
+        publish atomically; raises (and publishes nothing) if a layer is missing or differs."""
+        ...
+
+    def abort(self, staging: str) -> None:
+        """Drop a staging place that will not be committed; never raises."""
+        ...
+
+
 class ReformFacts(Protocol):
     """What a port that keeps survivors reports of its last change of plan."""
 
@@ -253,4 +290,3 @@ class PlanEstimator(Protocol):
     def estimate(
         self, plan: Plan, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
     ) -> float: ...
-

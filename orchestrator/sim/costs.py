@@ -3,14 +3,21 @@
 Every constant is a measured figure of this project on the local cluster or a stated assumption
 (docs/benchmarks.md, "Goodput at scale by simulation", lists each). Two ways of moving state:
 
-- ``THROUGH_CONTROLLER`` is how the runtime works today: every layer read after a failure or for
-  a checkpoint is sent to the controller process, and every rank of a new worker group receives
-  its layers from it, so every byte crosses the controller node's network link; a new group is
-  started from scratch (placement, actors, ``import torch``, rendezvous: ``group_start_s``).
-- ``KEEP_SURVIVORS`` is the design the runtime moves to: surviving actors stay and only re-form
-  their process groups (``reform_s``); a layer moves only to a node that did not hold it before,
-  actor to actor, all nodes receiving in parallel; checkpoints are written by the holders
-  themselves. It is a projection with a target re-formation time, not a measurement.
+- ``KEEP_SURVIVORS`` is how the runtime works now (``runtime/elastic/survivors.py``,
+  ``group_port.py``): surviving actors stay and re-form their process groups (``reform_s``,
+  measured); a layer moves only to a node that did not hold it before, actor to actor, all nodes
+  receiving in parallel; checkpoints are written by the layers' holders (each layer by its
+  lowest-replica holder), bounded by the busiest writer node's link and the storage's aggregate
+  bandwidth. A restore from a checkpoint is still read by the controller and sent to every rank
+  (the port loads it and hands each rank its layers), so it crosses the controller's link.
+- ``THROUGH_CONTROLLER`` is how the runtime worked before, kept as a labelled comparison: every
+  layer read after a failure or for a checkpoint is sent to the controller process, and every
+  rank of a new worker group receives its layers from it, so every byte crosses the controller
+  node's network link; a new group is started from scratch (placement, actors, ``import torch``,
+  rendezvous: ``group_start_s``).
+
+Both start the first group from scratch (``group_start_s``). A join pays only the re-formation
+and its moved layers: the runtime warms the joiner's actor while the current plan trains.
 
 Byte counts come from the model: parameters plus optimizer state of each layer (gradients are not
 moved), the same per-parameter figures as the cost model's memory term.
@@ -32,8 +39,12 @@ from orchestrator.spec.plan import Plan
 # starting the new worker group (placement group 0.7 s, actors 1.0 s, import and rendezvous 3.6 s).
 MEASURED_DETECT_S = 1.3
 MEASURED_GROUP_START_S = 5.35
-# The switch target of the keep-survivors design (crash or join -> first step <= 2 s).
-TARGET_REFORM_S = 2.0
+# Re-formation in place, measured in the demo's crash recovery (``orchestrator demo``, 2 cores at
+# load 2-5): "re-formed in place: 3 actors kept, 0 started; 13 layers kept in place, 5 moved
+# (10.01 MB) in 1.35 s" (1.21 s in the run kept in bench/results/demo_2026-12-01_crash_recovery.txt;
+# bench/recovery.py measured 0.09-2.14 s, docs/benchmarks.md). Its 10 MB take milliseconds: the
+# figure is the fixed part (settle, process groups destroyed, engines built, rendezvous).
+MEASURED_REFORM_S = 1.35
 LINK_BYTES_PER_S = 12.5e9  # 100 Gb/s per node, the cluster default between nodes
 STORAGE_BYTES_PER_S = 50e9  # aggregate checkpoint storage bandwidth (assumption)
 
@@ -48,10 +59,10 @@ class CostModel:
     """Seconds charged to the simulated clock for each operation of the worker-group port."""
 
     layer_state_bytes: tuple[float, ...]  # per planner layer: parameters + optimizer state
-    move: StateMove = StateMove.THROUGH_CONTROLLER
+    move: StateMove = StateMove.KEEP_SURVIVORS
     detect_s: float = MEASURED_DETECT_S
     group_start_s: float = MEASURED_GROUP_START_S
-    reform_s: float = TARGET_REFORM_S
+    reform_s: float = MEASURED_REFORM_S
     link_bytes_per_s: float = LINK_BYTES_PER_S
     storage_bytes_per_s: float = STORAGE_BYTES_PER_S
 
@@ -75,11 +86,17 @@ class CostModel:
             return 0.0  # the states stay where they are
         return self.model_state_bytes * layers / len(self.layer_state_bytes) / self.link_bytes_per_s
 
-    def checkpoint_write_s(self) -> float:
-        """Writing every layer once (the read through the controller is charged by fetch_s)."""
+    def checkpoint_write_s(self, bytes_by_writer_node: Mapping[str, float] | None = None) -> float:
+        """Writing every layer once (through the controller, its read is charged by fetch_s).
+
+        Written by the holders (``bytes_by_writer_node``: what each writer node writes), the
+        busiest writer's link and the storage's aggregate bandwidth bound it. The parts a
+        tensor-parallel or sharded writer receives from its peers are not counted.
+        """
         bytes_ = self.model_state_bytes
         if self.move is StateMove.KEEP_SURVIVORS:
-            return bytes_ / self.storage_bytes_per_s  # holders write their shards in parallel
+            busiest = max(bytes_by_writer_node.values(), default=0.0) if bytes_by_writer_node else 0
+            return max(bytes_ / self.storage_bytes_per_s, busiest / self.link_bytes_per_s)
         return bytes_ / min(self.link_bytes_per_s, self.storage_bytes_per_s)
 
     def checkpoint_read_s(self) -> float:
@@ -88,29 +105,28 @@ class CostModel:
     def launch_s(self, old: Plan | None, new: Plan, source: RestoreKind) -> tuple[float, float]:
         """(seconds, bytes moved) to start ``new`` restoring from ``source``; ``old`` ran before.
 
-        Through the controller, a new group starts from scratch and every rank's layers leave
-        the controller (which reads the checkpoint first when restoring one). Keeping survivors,
-        the group re-forms; from a checkpoint every rank reads its own layers (storage-bound),
-        from replicas only the layer copies new to a node move, nodes receiving in parallel. A
+        A first group (no ``old``) starts from scratch. Through the controller, every group
+        starts from scratch and every rank's layers leave the controller (which reads the
+        checkpoint first when restoring one). Keeping survivors, the group re-forms; from
+        replicas only the layer copies new to a node move, nodes receiving in parallel; from a
+        checkpoint the controller reads it and sends every rank its layers (as the port does). A
         fresh start initialises every layer from the seed where it runs: nothing moves.
         """
+        fresh_group = self.move is StateMove.THROUGH_CONTROLLER or old is None
+        start_s = self.group_start_s if fresh_group else self.reform_s
         if source is RestoreKind.FRESH:
-            start_s = self.group_start_s if self.move is StateMove.THROUGH_CONTROLLER else 0.0
-            return start_s + self.reform_or_zero(), 0.0
-        from_checkpoint = source is RestoreKind.CHECKPOINT
-        if self.move is StateMove.THROUGH_CONTROLLER:
+            return start_s, 0.0
+        if source is RestoreKind.CHECKPOINT or self.move is StateMove.THROUGH_CONTROLLER:
             moved = self.total_bytes(new)
-            read_s = self.checkpoint_read_s() if from_checkpoint else 0.0
-            return self.group_start_s + read_s + moved / self.link_bytes_per_s, moved
-        if from_checkpoint:
-            moved = self.total_bytes(new)
-            return self.reform_s + moved / self.storage_bytes_per_s, moved
+            read_s = (
+                self.model_state_bytes / min(self.link_bytes_per_s, self.storage_bytes_per_s)
+                if source is RestoreKind.CHECKPOINT
+                else 0.0
+            )
+            return start_s + read_s + moved / self.link_bytes_per_s, moved
         by_node = self.bytes_new_by_node(old, new)
         slowest = max(by_node.values(), default=0.0)
-        return self.reform_s + slowest / self.link_bytes_per_s, sum(by_node.values())
-
-    def reform_or_zero(self) -> float:
-        return self.reform_s if self.move is StateMove.KEEP_SURVIVORS else 0.0
+        return start_s + slowest / self.link_bytes_per_s, sum(by_node.values())
 
     # -- byte counts -------------------------------------------------------------------------
 
@@ -131,6 +147,20 @@ class CostModel:
             extra = layers - before.get(node, Counter())
             moved[node] = sum(self.layer_state_bytes[i] * n for i, n in extra.items())
         return moved
+
+
+    def writer_bytes_by_node(self, plan: Plan) -> dict[str, float]:
+        """Per node: bytes of the layers it writes into a checkpoint, each layer written once by
+        its holder in the lowest replica (``worker/topology.checkpoint_writers``)."""
+        written: set[int] = set()
+        out: dict[str, float] = {}
+        for rep in plan.replicas:
+            for stage in rep.stages:
+                mine = [i for i in range(*stage.layers) if i not in written]
+                written.update(mine)
+                node = stage.node or ""
+                out[node] = out.get(node, 0.0) + sum(self.layer_state_bytes[i] for i in mine)
+        return out
 
 
 def _layers_by_node(plan: Plan) -> Mapping[str, Counter[int]]:

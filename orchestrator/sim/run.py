@@ -17,10 +17,17 @@ from orchestrator.control.controller import Controller
 from orchestrator.control.events import EventKind
 from orchestrator.control.ports import Planner, PlanProposal
 from orchestrator.policies.failure import FailurePolicy
-from orchestrator.sim.costs import CostModel
+from orchestrator.sim.costs import CostModel, StateMove
 from orchestrator.sim.planner import PlanCache, TimedPlanner
 from orchestrator.sim.trace import FailureTrace
-from orchestrator.sim.world import SimClock, SimCluster, SimStore, SimWorkers
+from orchestrator.sim.world import (
+    SimClock,
+    SimCluster,
+    SimHolderStore,
+    SimHolderWorkers,
+    SimStore,
+    SimWorkers,
+)
 from orchestrator.spec.snapshot import ClusterSnapshot, NodeInfo
 
 # A run at scale survives any number of interruptions; the backoff is the policy's default.
@@ -90,8 +97,15 @@ def simulate(
         detect_s=scenario.costs.detect_s,
         replace_after_s=scenario.replace_after_s,
     )
-    workers = SimWorkers(clock, cluster, scenario.costs)
-    store = SimStore(clock, scenario.costs)
+    workers: SimWorkers
+    store: SimStore
+    if scenario.costs.move is StateMove.KEEP_SURVIVORS:  # as the runtime runs now
+        holders = SimHolderWorkers(clock, cluster, scenario.costs)
+        store = holders.store = SimHolderStore(clock, scenario.costs)
+        workers = holders
+    else:
+        workers = SimWorkers(clock, cluster, scenario.costs)
+        store = SimStore(clock, scenario.costs)
     timed = TimedPlanner(planner, clock.advance)
     if plan_cache is not None:
         timed.cache = plan_cache
@@ -121,6 +135,12 @@ def simulate(
     horizon_s = scenario.trace.horizon_s
     while clock.now_s() < horizon_s and not controller.done:
         controller.step()
+        # As Controller.run: a state that waits (a recovery's backoff) is slept through, at most
+        # a poll interval at a time; without it such a state would be stepped forever at one
+        # simulated instant (nothing else moves the clock when no state is read back).
+        wait_s = min(controller.wait_s(), poll_interval_s)
+        if wait_s > 0 and not controller.done:
+            clock.sleep(wait_s)
     if controller.done:
         raise RuntimeError(f"simulated run stopped early: {controller.state}")
     recoveries = [

@@ -144,6 +144,24 @@ class SimStore:
         return dict(self.saved[step])
 
 
+@dataclass
+class SimHolderStore(SimStore):
+    """A store the holders write into (``StagesCheckpoints``): the write is charged by the
+    workers (:meth:`SimHolderWorkers.write_checkpoint`), the commit costs nothing here."""
+
+    def begin(self, step: int) -> str:
+        return f"staging-{step}"
+
+    def commit(
+        self, step: int, staging: str, written: Mapping[str, object], meta: Mapping[str, object]
+    ) -> CheckpointRef:
+        self.saved = {step: {int(layer): None for layer in written}}
+        return CheckpointRef(step, {"meta": dict(meta)})
+
+    def abort(self, staging: str) -> None:
+        pass
+
+
 class SimWorkers:
     """A worker group whose steps take the predicted step time of the plan it runs."""
 
@@ -232,6 +250,12 @@ class SimWorkers:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _charge(self, seconds: float, nodes: set[str]) -> None:
+        """Advance the clock by ``seconds``; a death on ``nodes`` meanwhile is a lost worker."""
+        self.clock.advance(seconds)
+        self.cluster.update()
+        self._raise_if_dead(nodes)
+
     def _raise_if_dead(self, nodes: frozenset[str] | set[str]) -> None:
         dead = {n for n in nodes if self.cluster.is_dead(n)}
         if not dead:
@@ -247,3 +271,26 @@ class SimWorkers:
         self.cluster.update()
         ranks = {r for r, n in self.rank_node.items() if n in dead}
         raise WorkerLost(ranks, dead, "simulated interruption")
+
+
+class SimHolderWorkers(SimWorkers):
+    """The worker group as the runtime runs it now: survivors are kept across a change of plan
+    (``KeepsSurvivors``: the controller reads no state for a recovery) and checkpoints are
+    written by the layers' holders (``WritesCheckpoints``)."""
+
+    keeps_survivors = True
+
+    def __init__(self, clock: SimClock, cluster: SimCluster, costs: CostModel) -> None:
+        super().__init__(clock, cluster, costs)
+        self.store: SimStore | None = None  # charged the write, for the run's totals
+
+    def write_checkpoint(self, staging: str, sources: Mapping[int, int]) -> dict[str, object]:
+        by_node: dict[str, float] = {}
+        for layer, rank in sources.items():
+            node = self.rank_node[rank]
+            by_node[node] = by_node.get(node, 0.0) + self.costs.layer_state_bytes[layer]
+        write_s = self.costs.checkpoint_write_s(by_node)
+        if self.store is not None:
+            self.store.write_s_total += write_s
+        self._charge(write_s, set(by_node))
+        return {str(layer): None for layer in sources}

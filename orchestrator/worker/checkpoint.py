@@ -19,7 +19,11 @@ reported (``CheckpointProblem``) and the previous good one is used.
 
 Writers: the driver can gather ``get_layer_states()`` from the ranks and call
 :func:`save_checkpoint`; or each rank writes its own layers into a staging directory
-(:func:`begin_checkpoint`, :func:`write_layers`) and one process calls :func:`commit_checkpoint`.
+(:func:`begin_checkpoint`, :func:`write_layers`) and one process calls :func:`commit_checkpoint`
+with what the writers reported (``written``: file -> checksum and size), so that the committing
+process checks sizes and writes the manifest without reading the layers' bytes. The staging
+directory must then be on storage every writer and the committer see (one filesystem on one host;
+shared storage across hosts).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import logging
 import os
 import secrets
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,10 +89,16 @@ def begin_checkpoint(root: Path, step: int) -> Path:
     return staging
 
 
-def write_layers(staging: Path, layer_states: dict[int, dict[str, Any]]) -> None:
-    """Write each layer's state to ``staging/layer-NNNN.pt`` (temp name, fsync, rename)."""
+def write_layers(
+    staging: Path, layer_states: Mapping[int, Mapping[str, Any]]
+) -> dict[str, tuple[str, int]]:
+    """Write each layer's state to ``staging/layer-NNNN.pt`` (temp name, fsync, rename).
+
+    Returns file name -> (sha256, bytes) of what was written, for :func:`commit_checkpoint`.
+    """
     import torch  # lazily: the driver may only read manifests
 
+    written: dict[str, tuple[str, int]] = {}
     for layer, state in sorted(layer_states.items()):
         final = staging / layer_file_name(layer)
         tmp = final.with_name(final.name + ".part")
@@ -95,19 +106,38 @@ def write_layers(staging: Path, layer_states: dict[int, dict[str, Any]]) -> None
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        # Hashed here, by the writer, from the page cache it just filled: the committing process
+        # then need not read every layer's bytes again.
+        written[final.name] = (_sha256(tmp), tmp.stat().st_size)
         tmp.rename(final)
+    return written
 
 
 def commit_checkpoint(
-    root: Path, staging: Path, step: int, plan: Plan | None, num_layers: int, keep_last: int = 3
+    root: Path,
+    staging: Path,
+    step: int,
+    plan: Plan | None,
+    num_layers: int,
+    keep_last: int = 3,
+    written: Mapping[str, tuple[str, int]] | None = None,
 ) -> Path:
-    """Check that all ``num_layers`` layer files are staged, write the manifest, publish."""
+    """Check that all ``num_layers`` layer files are staged, write the manifest, publish.
+
+    ``written`` (file -> sha256 and size, from :func:`write_layers` in the writers): the files'
+    sizes are checked against it and its checksums go into the manifest, without hashing here;
+    without it every file is hashed here.
+    """
     missing = [i for i in range(num_layers) if not (staging / layer_file_name(i)).is_file()]
     if missing:
         raise CheckpointError(
             f"checkpoint of step {step} lacks layer files {missing} in {staging}; not published"
         )
-    files = {p.name: _sha256(p) for p in sorted(staging.glob("layer-*.pt"))}
+    names = sorted(p.name for p in staging.glob("layer-*.pt"))
+    if written is None:
+        files = {name: _sha256(staging / name) for name in names}
+    else:
+        files = _reported(staging, step, names, written)
     manifest = {
         "format": CHECKPOINT_FORMAT,
         "step": step,
@@ -115,12 +145,50 @@ def commit_checkpoint(
         "plan": json.loads(plan.to_json()) if plan is not None else None,
         "files": files,
     }
-    _write_file_atomically(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+    raw = json.dumps(manifest, indent=1, sort_keys=True)
+    _write_file_atomically(staging / MANIFEST, raw)
     _fsync_dir(staging)
     final = root / step_dir_name(step)
     _publish(staging, final)
+    if written is not None:
+        # The writers' checksums stand for this process's verdict (as a hash of its own would):
+        # the prune below and the next restore do not read every layer back.
+        _remember_verified(final, raw.encode(), manifest)
     prune(root, keep_last)
     return final
+
+
+def _reported(
+    staging: Path, step: int, names: list[str], written: Mapping[str, tuple[str, int]]
+) -> dict[str, str]:
+    """File -> sha256 as the writers reported them, after checking that every staged file was
+    reported and has the size its writer wrote."""
+    files: dict[str, str] = {}
+    for name in names:
+        if name not in written:
+            raise CheckpointError(
+                f"checkpoint of step {step}: no writer reported {name} in {staging}; not published"
+            )
+        digest, size = written[name]
+        actual = (staging / name).stat().st_size
+        if actual != int(size):
+            raise CheckpointError(
+                f"checkpoint of step {step}: {name} has {actual} bytes, its writer wrote {size}; "
+                "not published"
+            )
+        files[name] = str(digest)
+    return files
+
+
+def _remember_verified(path: Path, raw: bytes, manifest: dict[str, Any]) -> None:
+    stats = []
+    for name in sorted(manifest["files"]):
+        st = (path / name).stat()
+        stats.append((name, st.st_size, st.st_mtime_ns))
+    _VERIFIED[(str(path.resolve()), hashlib.sha256(raw).hexdigest())] = (
+        tuple(stats),
+        dict(manifest),
+    )
 
 
 def save_checkpoint(

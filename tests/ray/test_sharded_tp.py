@@ -7,7 +7,8 @@ and the optimizer slices are joined at the edge) must match the reference within
 
 The elastic test then re-plans that run in place: to tp 1 and unsharded through replica restore
 (the survivors export their slices, the receivers join them), back to tp 2 and sharded, and to
-tp 1 again from a checkpoint written in the layer-indexed whole-state format; after every change
+tp 1 again from a checkpoint written in the layer-indexed whole-state format by the holders
+themselves (the tp pair's and the shard group's parts joined by their writers); after every change
 the run continues where it was and still equals uninterrupted single-process training.
 """
 
@@ -22,11 +23,13 @@ from elastic_helpers import max_relative_error
 from ray_plans import GLOBAL_BATCH, NUM_PLANNER_LAYERS, tiny_job
 
 from orchestrator.runtime.elastic.checkpoints import DirCheckpointStore
+from orchestrator.runtime.elastic.group_port import write_by_holders
 from orchestrator.runtime.elastic.survivors import ElasticWorkerGroup
 from orchestrator.runtime.group import WorkerGroup
 from orchestrator.spec.plan import Plan
 from orchestrator.worker.data import DataConfig
 from orchestrator.worker.reference import ReferenceTrainer
+from orchestrator.worker.topology import layer_copies
 
 RTOL = 1e-5
 A100, L4 = "A100-80", "L4"
@@ -120,8 +123,16 @@ def test_replan_between_tp_sharded_and_plain_through_replicas_and_checkpoint(
         group.launch(TP_AND_SHARDED)
         for _ in range(2):
             group.step()
-        # A checkpoint of the tp-2 / sharded run, in the whole per-layer format.
-        store.save(2, group.fetch_layer_states(), {"plan": TP_AND_SHARDED.model_dump(mode="json")})
+        # A checkpoint of the tp-2 / sharded run, in the whole per-layer format, written by the
+        # holders: even layers by the shard group (its slices joined by rank 3), odd ones by
+        # the pipeline (layer 1 whole by rank 0, layers 3 and 5 joined from the tp pair).
+        copies = layer_copies(TP_AND_SHARDED)
+        chosen = {i: c[-1] if i % 2 == 0 else c[0] for i, c in copies.items()}
+        assert {chosen[0], chosen[1], chosen[3]} == {(3, 4), (0,), (1, 2)}
+        staging = store.begin(2)
+        written = write_by_holders(group, staging, chosen, committed_steps=2, timeout_s=120.0)
+        store.commit(2, staging, written, {"plan": TP_AND_SHARDED.model_dump(mode="json")})
+        assert_matches(store.load(2), want[2], "checkpoint written by the tp and shard holders")
 
         # tp 2 -> tp 1, sharded -> unsharded, from the survivors' slices.
         report = group.reform(PLAIN, dead_ranks=set(), committed_steps=2, start_step=2)

@@ -4,8 +4,18 @@
 (``orchestrator/worker/checkpoint.py``) and adds the controller's run state (failures so far, lost
 steps, measured slowdowns, the plan) as ``run-state.json`` inside the checkpoint directory, staged
 with the layers so the one ``rename`` that publishes the checkpoint publishes it too.
+
+The layers' holders write their own layer files: the controller calls
+:meth:`DirCheckpointStore.begin` for a staging directory, the worker port has each layer's writer
+write into it (``group_port.py``), and :meth:`DirCheckpointStore.commit` checks the files against
+the writers' reports and publishes them with the manifest. The controller never holds a layer's
+state on that path; the checkpoint directory must therefore be storage every worker sees (the
+local disk on one host, shared storage such as NFS for a run across hosts).
+:meth:`DirCheckpointStore.save` (states in hand) remains for callers that have them.
+
 :class:`MemoryCheckpointStore` keeps the newest checkpoint in memory, for jobs without a
-checkpoint directory (a restarted controller then starts over).
+checkpoint directory (a restarted controller then starts over); its states pass through the
+controller, which holds them.
 """
 
 from __future__ import annotations
@@ -85,6 +95,40 @@ class DirCheckpointStore:
             raise
         self._ignored.discard(final.name)
         return CheckpointRef(step, {"path": str(final), "step": step, "meta": dict(meta)})
+
+    def begin(self, step: int) -> str:
+        """A fresh staging directory for ``step``, for the workers to write their layers into."""
+        from orchestrator.worker.checkpoint import begin_checkpoint
+
+        return str(begin_checkpoint(self.root, step))
+
+    def commit(
+        self, step: int, staging: str, written: Mapping[str, object], meta: Mapping[str, object]
+    ) -> CheckpointRef:
+        """Check the staged layer files against the writers' reports (file -> sha256, bytes),
+        add the run state and publish atomically; on any error the staging directory goes and
+        nothing is published."""
+        from orchestrator.worker.checkpoint import commit_checkpoint
+
+        plan_json = meta.get("plan")
+        plan = Plan.model_validate(plan_json) if isinstance(plan_json, dict) else None
+        num_layers = plan.num_layers if plan is not None else len(written)
+        path = Path(staging)
+        reports = {str(k): (str(v[0]), int(v[1])) for k, v in written.items()}  # type: ignore[index]
+        try:
+            _write_json_atomically(path / RUN_STATE_FILE, dict(meta))
+            final = commit_checkpoint(
+                self.root, path, step, plan, num_layers, keep_last=self.keep_last, written=reports
+            )
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        self._ignored.discard(final.name)
+        return CheckpointRef(step, {"path": str(final), "step": step, "meta": dict(meta)})
+
+    def abort(self, staging: str) -> None:
+        """Remove a staging directory that will not be committed."""
+        shutil.rmtree(staging, ignore_errors=True)
 
     def load(self, step: int) -> dict[int, LayerState]:
         """Every layer's state of the checkpoint at ``step`` (verified first)."""

@@ -17,6 +17,11 @@ at the last committed step". From a checkpoint, the survivors stay and every ran
 checkpoint's layers (a model mixing steps is not a model). Only the first launch, or one after
 the group was stopped, starts every actor fresh.
 
+Checkpoints are written by the holders (:meth:`RayWorkerGroupPort.write_checkpoint`): each
+layer's writer writes the layer's file into the store's staging directory itself, the other ranks
+of a tensor-parallel stage or shard group send it their parts actor to actor; the controller only
+commits the manifest. The checkpoint directory must be storage every worker sees.
+
 Joins are warmed (:meth:`RayWorkerGroupPort.prepare`, :meth:`RayWorkerGroupPort.prepared`):
 the controller asks for the candidate plan's new actors while the current plan trains and
 switches once they are ready (``survivors.py``).
@@ -163,6 +168,20 @@ class RayWorkerGroupPort:
             raise self._lost(exc) from None
         return dict(whole_states(got, chosen))
 
+    def write_checkpoint(self, staging: str, sources: Mapping[int, int]) -> dict[str, object]:
+        """Have each layer's copy (the one the given rank belongs to) write the layer's whole
+        state, as of the last committed step, into ``staging`` (:func:`write_by_holders`).
+        Returns file -> (sha256, bytes) from the writers; no layer passes through here."""
+        group = self._require_group()
+        assert self._plan is not None
+        chosen = {layer: copy_of(self._plan, layer, rank) for layer, rank in sources.items()}
+        try:
+            return write_by_holders(
+                group, staging, chosen, self._committed_steps, self.options.step_timeout_s
+            )
+        except WorkerLost as exc:
+            raise self._lost(exc) from None
+
     def stop(self) -> None:
         group, self._group = self._group, None
         self._plan, self._rank_node = None, {}  # nothing holds layers any more
@@ -250,6 +269,37 @@ class RayWorkerGroupPort:
         ranks |= {r for r, n in self._rank_node.items() if n in dead_nodes}
         self._dead_ranks |= ranks
         return WorkerLost(ranks, nodes, exc.detail)
+
+
+def write_by_holders(
+    group: ElasticWorkerGroup,
+    staging: str,
+    chosen: Mapping[int, tuple[int, ...]],
+    committed_steps: int,
+    timeout_s: float,
+) -> dict[str, object]:
+    """Each layer's whole state after ``committed_steps`` steps, written into ``staging`` by the
+    first rank of its ``chosen`` copy (layer -> ranks); the other ranks of a tensor-parallel
+    stage or shard group send that writer their parts actor to actor. Returns file -> (sha256,
+    bytes) as the writers report them. Raises :class:`WorkerLost` when a rank is lost."""
+    actors = group._actors
+    ranks = sorted({r for copy in chosen.values() for r in copy})
+    by_writer: dict[int, dict[int, tuple[int, ...]]] = {}
+    for layer, copy in sorted(chosen.items()):
+        by_writer.setdefault(copy[0], {})[layer] = copy
+    # Settled together first: a shard group's update ends in collectives among its holders, and
+    # a writer's peers answer before the writer's own call runs (Ray resolves its arguments).
+    settles = {r: actors[r].settle.remote(committed_steps) for r in ranks}
+    group._gather("settle for the checkpoint", settles, timeout_s)
+    refs = {}
+    for writer, copies in by_writer.items():
+        peers = sorted({r for c in copies.values() for r in c} - {writer})
+        parts = [actors[r].get_layer_states.remote(committed_steps) for r in peers]
+        refs[writer] = actors[writer].write_checkpoint.remote(
+            staging, committed_steps, copies, peers, *parts
+        )
+    got = group._gather("write checkpoint", refs, timeout_s)
+    return {name: report for files in got.values() for name, report in files.items()}
 
 
 def _check_pins_alive(plan: Plan) -> dict[int, str]:

@@ -115,6 +115,35 @@ class ElasticWorker(_Base):  # type: ignore[misc]
             for i in layers
         }
 
+    def write_checkpoint(
+        self,
+        staging: str,
+        committed_steps: int,
+        copies: dict[int, tuple[int, ...]],
+        peers: list[int],
+        *peer_states: dict[int, dict[str, Any]],
+    ) -> dict[str, tuple[str, int]]:
+        """Write the whole state of each layer in ``copies`` (layer -> the ranks of the copy this
+        rank writes, this rank first) after ``committed_steps`` steps into ``staging``; return
+        file -> (sha256, bytes). ``peer_states``: the :meth:`get_layer_states` answers of
+        ``peers`` (the other ranks of tensor-parallel or sharded copies), which Ray resolves
+        before this call runs, so their bytes come actor to actor."""
+        from pathlib import Path
+
+        from orchestrator.runtime.group import whole_states
+        from orchestrator.worker.checkpoint import write_layers
+
+        self._settle(committed_steps)
+        e = self._engine
+        wanted = set(copies)
+        if e.sharding is not None:  # a shard group's slices cut its layers' joint state
+            for g in e.sharding.groups:
+                if wanted & set(g.group.layers):
+                    wanted |= set(g.group.layers)
+        answers = [(self._rank, e.get_layer_states()), *zip(peers, peer_states, strict=True)]
+        parts = {rank: {i: st for i, st in got.items() if i in wanted} for rank, got in answers}
+        return write_layers(Path(staging), whole_states(parts, copies))
+
     def warm(self, plan_json: str, rank: int) -> dict[str, Any]:
         """Import torch and build the engine of ``rank`` in ``plan_json`` without joining any
         process group, for a later :meth:`reform` into that rank to adopt. Returns the seconds
