@@ -94,7 +94,6 @@ class MakePlanPlanner:
         if self.training.precision == AUTO_PRECISION and plan.precision is not None:
             self.training = self.training.model_copy(update={"precision": plan.precision})
 
-
     def estimate(
         self, plan: Plan, snapshot: ClusterSnapshot, slowdown_by_node: Mapping[str, float]
     ) -> float:
@@ -209,28 +208,20 @@ def derate(
 def derate_plan(plan: Plan, cluster: Cluster) -> Plan:
     """``plan`` with each pinned stage's device type named as its node's type in ``cluster``
     (a derated copy on a slowed node), the inverse of :func:`restore_type_names`."""
-    replicas = []
-    for replica in plan.replicas:
-        stages = tuple(
+    return plan.with_stages(
+        lambda s: (
             s.model_copy(update={"device_type": cluster.node_by_name[s.node].device_type.name})
             if s.node is not None and s.node in cluster.node_by_name
             else s
-            for s in replica.stages
         )
-        replicas.append(replica.model_copy(update={"stages": stages}))
-    return plan.model_copy(update={"replicas": tuple(replicas)})
+    )
 
 
 def restore_type_names(plan: Plan) -> Plan:
     """The plan with derated type names mapped back to the real ones."""
-    replicas = []
-    for replica in plan.replicas:
-        stages = tuple(
-            s.model_copy(update={"device_type": s.device_type.split(SLOW_MARK)[0]})
-            for s in replica.stages
-        )
-        replicas.append(replica.model_copy(update={"stages": stages}))
-    return plan.model_copy(update={"replicas": tuple(replicas)})
+    return plan.with_stages(
+        lambda s: s.model_copy(update={"device_type": s.device_type.split(SLOW_MARK)[0]})
+    )
 
 
 def _derated_type(device: DeviceType, name: str, factor: float) -> DeviceType:

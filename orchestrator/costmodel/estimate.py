@@ -21,7 +21,7 @@ links); our runtime's transfers also pay the per-message latency the profiler me
 (``CostTables.p2p_latency_s``). Peak memory is what a device would show: model state, activations
 in flight and the runtime's fixed framework footprint. A stage with ``recompute`` keeps only its
 blocks' inputs in flight, holds one block's full activations while recomputing it, and pays each
-block's forward twice (``tables.recomputed_table``).
+block's forward twice (``layer_table.recomputed_table``).
 """
 
 from __future__ import annotations

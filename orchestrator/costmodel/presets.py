@@ -145,8 +145,8 @@ ORCHESTRATOR = RuntimePreset(
     "runtime section, else DeviceType.framework_overhead_bytes",
     fp32_training_state=True,
     measured_constants=True,
-    # worker/engine.py EngineConfig.grad_bucket_mb = 25 (DDP's bucket_cap_mb), in MiB; a model
-    # whose gradients fit one bucket gets no overlap at all.
+    # worker/engine_config.py EngineConfig.grad_bucket_mb = 25 (DDP's bucket_cap_mb), in MiB; a
+    # model whose gradients fit one bucket gets no overlap at all.
     grad_bucket_bytes=25.0 * 1024 * 1024,
     # worker/sharding.py gathers a step's parameters once (layer-by-layer plans excepted:
     # layerwise_sharded_replicas)

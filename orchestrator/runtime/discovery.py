@@ -113,14 +113,9 @@ def connect(address: str) -> None:
 def pin_by_node_id(plan: Plan, nodes: Sequence[RayNode]) -> Plan:
     """``plan`` with each stage pinned by node name pinned by that node's Ray id instead."""
     ids = {n.name: n.node_id for n in nodes}
-    replicas = []
-    for replica in plan.replicas:
-        stages = tuple(
-            s.model_copy(update={"node": ids[s.node]}) if s.node in ids else s
-            for s in replica.stages
-        )
-        replicas.append(replica.model_copy(update={"stages": stages}))
-    return plan.model_copy(update={"replicas": tuple(replicas)})
+    return plan.with_stages(
+        lambda s: s.model_copy(update={"node": ids[s.node]}) if s.node in ids else s
+    )
 
 
 def one_backend(nodes: Sequence[RayNode]) -> tuple[list[RayNode], str | None]:

@@ -107,6 +107,15 @@ class PlacementTimeoutError(TransientError):
     """The cluster could not host every worker in time (busy, or nodes are missing)."""
 
 
+def _not_ready(requests: Sequence[BundleRequest], timeout_s: float) -> PlacementTimeoutError:
+    """The error of a placement not ready in time, naming the bundles it asked for."""
+    wanted = ", ".join(f"{r.resources}@{r.label_selector}" for r in requests)
+    return PlacementTimeoutError(
+        f"placement of {len(requests)} workers not ready after {timeout_s:.0f} s "
+        f"(bundles: {wanted}); the cluster is busy or lacks matching nodes"
+    )
+
+
 def place(requests: Sequence[BundleRequest], timeout_s: float, name: str = "") -> PlacedGroup:
     """Create the placement group and wait until it is ready, or raise PlacementTimeoutError."""
     import ray
@@ -125,11 +134,7 @@ def place(requests: Sequence[BundleRequest], timeout_s: float, name: str = "") -
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(pg)
-        wanted = ", ".join(f"{r.resources}@{r.label_selector}" for r in requests)
-        raise PlacementTimeoutError(
-            f"placement of {len(requests)} workers not ready after {timeout_s:.0f} s "
-            f"(bundles: {wanted}); the cluster is busy or lacks matching nodes"
-        )
+        raise _not_ready(requests, timeout_s)
     # The table fills a moment after ready(); poll briefly rather than trusting the first read.
     deadline = time.monotonic() + 10.0
     while True:
@@ -166,11 +171,7 @@ def place_each(requests: Sequence[BundleRequest], timeout_s: float) -> list[Plac
     if len(ready) < len(pgs):
         for pg in pgs:
             remove_placement_group(pg)
-        wanted = ", ".join(f"{r.resources}@{r.label_selector}" for r in requests)
-        raise PlacementTimeoutError(
-            f"placement of {len(requests)} workers not ready after {timeout_s:.0f} s "
-            f"(bundles: {wanted}); the cluster is busy or lacks matching nodes"
-        )
+        raise _not_ready(requests, timeout_s)
     out = []
     deadline = time.monotonic() + 10.0
     for pg, request in zip(pgs, requests, strict=True):

@@ -9,28 +9,31 @@ index (checkpoints, re-plans); ``shutdown()`` leaves the groups.
 Loss weighting: microbatch ``j`` of size ``m_j`` contributes ``loss_j * m_j / global_batch_size``.
 Summed over microbatches and replicas (gradients are all-reduced with SUM), that is the
 global-batch mean loss, so one step of any plan equals one single-process step on the whole batch.
+
+The parts: :mod:`.engine_config` (``EngineConfig``, ``StepResult``, ``preflight``) and
+:mod:`.layer_states` (``get_layer_states``/``set_layer_states``); this module runs the steps.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
 from orchestrator.errors import SpecError
-from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import MemoryUse
 from orchestrator.worker import evaluate, layerwise, recompute, sharding, tensor_parallel, topology
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.dropout import sample_streams
 from orchestrator.worker.emulation import Stretcher
+from orchestrator.worker.engine_config import EngineConfig, StepResult, preflight
 from orchestrator.worker.finite import FiniteGuard
 from orchestrator.worker.grad_sync import OverlappedGradSync
 from orchestrator.worker.groups import GradientGroups, backend_for_device, init_world
+from orchestrator.worker.layer_states import LayerStates
 from orchestrator.worker.layers import build_layers
 from orchestrator.worker.memory_account import (
     ActivationAccount,
@@ -38,7 +41,6 @@ from orchestrator.worker.memory_account import (
     memory_use,
     storage_bytes,
 )
-from orchestrator.worker.model_api import LayeredModel, build_model, check_layer_count
 from orchestrator.worker.optim import (
     clip_coefficient,
     make_recipe_optimizer,
@@ -51,110 +53,28 @@ from orchestrator.worker.pipeline import PipelineRunner
 from orchestrator.worker.precision import (
     DynamicLossScaler,
     LossScaling,
-    Precision,
     PrecisionPolicy,
-    attach_loss_scale,
     parse_precision,
-    restore_loss_scale,
 )
-from orchestrator.worker.recipe import OptimizerRecipe
-from orchestrator.worker.schedule import Schedule, microbatch_sizes
+from orchestrator.worker.schedule import microbatch_sizes
 from orchestrator.worker.subgroups import leave_world
 from orchestrator.worker.tied import TiedGradients, copy_initial_weights, tied_copies
+
+# The config, result and preflight live in worker/engine_config.py and the layer-state moves in
+# worker/layer_states.py; callers import them from here as before.
+__all__ = [
+    "DataConfig",
+    "EngineConfig",
+    "StageEngine",
+    "StepResult",
+    "build_layers",
+    "preflight",
+]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """Everything one rank needs; picklable, so the Ray side ships it to the actor."""
-
-    model_factory: str  # "package.module:function" returning a LayeredModel
-    plan: Plan
-    rank: int
-    data: DataConfig
-    model_kwargs: dict[str, Any] = field(default_factory=dict)
-    schedule: str = Schedule.ONE_F_ONE_B.value  # or "gpipe"
-    optimizer: str = "adam"  # or "sgd"
-    learning_rate: float = 3e-4
-    seed: int = 0
-    # Emulation: >1 stretches measured compute time; 1.0 = real speed. Refused on real GPUs.
-    slowdown_factor: float = 1.0
-    device: str | None = None  # None: cuda if available, else cpu
-    # Weight decay, schedule, clipping; None: ``optimizer`` at a constant ``learning_rate``.
-    recipe: OptimizerRecipe | None = None
-    # fp32, or bf16/fp16 compute over fp32 master weights (worker/precision.py).
-    precision: str = Precision.FP32.value
-    # TF32 for fp32 matmuls on GPUs that have it (Ampere and later); no effect on the CPU.
-    tf32: bool = True
-    loss_scale_init: float = 2.0**16  # fp16's first loss scale (GradScaler's default)
-    # Start each bucket's gradient all-reduce during the backward (worker/grad_sync.py); off:
-    # one blocking all-reduce per group after the backward.
-    overlap_grad_reduce: bool = True
-    grad_bucket_mb: float = 25.0
-    # Non-finite steps skipped (update dropped) before training stops (worker/finite.py).
-    skip_nonfinite_steps: int = 0
-    # Count the memory term by term (worker/memory_account.py) on the first two steps a rank runs
-    # and every ``memory_account_every`` steps after (the hooks cost a Python call per saved
-    # tensor; a plan's memory is the same every step); other steps repeat the last count.
-    account_memory: bool = True
-    memory_account_every: int = 50
-    # Validation loss after every ``eval_every``-th step's update (0: never) over
-    # ``eval_batches`` global batches of the held-out split (worker/evaluate.py).
-    eval_every: int = 0
-    eval_batches: int = 4
-
-    @property
-    def optimizer_recipe(self) -> OptimizerRecipe:
-        if self.recipe is not None:
-            return self.recipe
-        return OptimizerRecipe(name=self.optimizer, learning_rate=self.learning_rate)
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What one rank reports after a step."""
-
-    step: int
-    rank: int
-    replica: int
-    stage: int
-    # Last stage only: this replica's weighted share of the global-batch mean loss (the shares of
-    # all replicas add up to the global loss); None elsewhere.
-    loss: float | None
-    compute_s: float  # forward + backward + update, including the emulated stretch
-    step_s: float  # wall time of the whole step on this rank
-    samples: int  # samples of this replica's batch (count once per replica for throughput)
-    emulated: bool
-    # fp16: the step overflowed somewhere, so no rank applied it (it must not count as done).
-    overflow_skipped: bool = False
-    loss_scale: float = 1.0  # the scale this step's loss was multiplied by (1.0 unless fp16)
-    memory: MemoryUse | None = None  # what the rank held this step (worker/memory_account.py)
-    # Last stage of an evaluated step: this replica's weighted share of the validation loss
-    # after the step's update (the shares add up like ``loss``); None otherwise.
-    eval_loss: float | None = None
-    eval_after_steps: int | None = None  # the evaluated weights hold this many steps' updates
-    # Bytes of the rank's layer parameters as they stand at the step's end, after its update and
-    # before the next gather (a ``full`` holder has released them: 0), and of the parameter
-    # slices it keeps for its shard groups.
-    end_param_bytes: int = 0
-    end_slice_bytes: int = 0
-
-
-def preflight(config: EngineConfig) -> LayeredModel:
-    """Checks that need no process group: factory importable, layer counts agree, the model can
-    take the plan's tp degrees, sharding levels the engine executes."""
-    topology.check_executable(config.plan)
-    Schedule(config.schedule)
-    parse_precision(config.precision)
-    model = build_model(config.model_factory, dict(config.model_kwargs))
-    check_layer_count(model, config.plan.num_layers)
-    tensor_parallel.check_model(model, config.plan)
-    sharding.check_recipe(config.plan, config.optimizer_recipe, config.precision)
-    return model
-
-
-class StageEngine:
+class StageEngine(LayerStates):
     """This rank's layers, optimizer, data slice and pipeline schedule."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -537,61 +457,6 @@ class StageEngine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def get_layer_states(self) -> dict[int, dict[str, Any]]:
-        """Planner layer -> {"params": state_dict, "optimizer": state_dict}, on the CPU.
-
-        In a tp group each rank returns its local part (``tensor_parallel.local_layer_state``);
-        ``tensor_parallel.merge_layer_states`` joins a stage's parts into the whole state.
-        """
-        if self.spec.tp > 1:
-            tp_states = {
-                i: tensor_parallel.local_layer_state(layer, self.optimizers[i], self.spec)
-                for i, layer in self.layers.items()
-            }
-            attach_loss_scale(tp_states, self.scaling)  # fp16: the scale travels with the layers
-            return tp_states
-        states = {
-            i: {
-                "params": _to_cpu(layer.state_dict()),
-                "optimizer": _to_cpu(self.optimizers[i].state_dict()),
-            }
-            for i, layer in self.layers.items()
-            if i in self.optimizers
-        }
-        if self.sharding is not None:
-            # Sharded layers: whole params, this rank's slice of the optimizer state
-            # (``sharding.merge_sharded_states`` joins the holders' slices).
-            states.update(self.sharding.layer_states(self.layers))
-        attach_loss_scale(states, self.scaling)  # fp16: the scale travels with the layers
-        return states
-
-    def set_layer_states(self, states: dict[int, dict[str, Any]]) -> None:
-        """Load this rank's layers from ``states`` (extra layers are ignored)."""
-        missing = [i for i in self.layers if i not in states]
-        if missing:
-            raise SpecError(
-                f"layer states lack planner layers {missing} that rank {self.spec.rank} holds",
-                field="checkpoint.layers",
-                fix="resume from a checkpoint of the same model",
-            )
-        restore_loss_scale((states[i] for i in self.layers), self.scaling)
-        if self.sharding is not None:
-            self.sharding.materialize(self.layers)  # ``full``: whole shapes to load into
-        if self.spec.tp > 1:
-            for i, layer in self.layers.items():
-                tensor_parallel.load_local(layer, self.optimizers[i], states[i], self.spec)
-            return
-        for i, layer in self.layers.items():
-            if tensor_parallel.SHARD_KEY in states[i]:
-                states[i] = tensor_parallel.merge_layer_states([states[i]])
-            layer.load_state_dict(states[i]["params"])
-            if i in self.optimizers:
-                # Copy: load_state_dict keeps the given state tensors when dtype and device
-                # already match, and callers may hand several ranks the same tensors.
-                self.optimizers[i].load_state_dict(_to_cpu(states[i]["optimizer"]))
-        if self.sharding is not None:
-            self.sharding.load(self.layers, states)
-
     def leave_groups(self) -> None:
         """Leave every process group now and drop this engine's handles to them, keeping the
         layers, optimizers and sharding layout (for exports and a re-formation, which builds new
@@ -631,13 +496,3 @@ class StageEngine:
         self.grad_sync = None
         self.sharding = None
         self.runner = None
-
-
-def _to_cpu(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
-    return obj

@@ -94,7 +94,7 @@ def test_water_filling_adds_up_exactly() -> None:
 
 def _literal_table(costs: list[float], mems: list[float] | None = None):
     from orchestrator.costmodel.compute import LayerTime
-    from orchestrator.costmodel.tables import LayerTable, _prefix
+    from orchestrator.costmodel.layer_table import LayerTable, _prefix
 
     mems = mems or [0.0] * len(costs)
     zeros = [0.0] * len(costs)
