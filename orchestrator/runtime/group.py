@@ -35,6 +35,7 @@ from orchestrator.runtime.discovery import (
     slowdown_factor,
 )
 from orchestrator.runtime.errors import WorkerFailedError, WorkerTimeoutError
+from orchestrator.runtime.liveness import alive_ranks
 from orchestrator.runtime.placement import (
     BundleRequest,
     PlacedGroup,
@@ -328,23 +329,15 @@ class WorkerGroup:
         if dead:
             raise WorkerLost(dead, self._node_ids(dead), f"{phase}; {detail}".strip("; "))
 
-    def _alive_ranks(self) -> set[int]:
-        """Ranks whose actor answers a ping (a second thread answers even during a step).
-
-        Waits up to ``failure_grace_s`` for every answer; an actor on a crashed node answers
-        with an error once Ray declares the node dead. One that stays silent counts as alive: its
-        process is stuck, and the step timeout names it.
-        """
-        refs = {a.ping.remote(): r for r, a in enumerate(self._actors)}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.options.failure_grace_s)
-        alive = {refs[ref] for ref in refs if ref not in ready}
-        for ref in ready:
-            try:
-                ray.get(ref)
-                alive.add(refs[ref])
-            except RayActorError:
-                pass
-        return alive
+    def _alive_ranks(self, among: set[int] | None = None) -> set[int]:
+        """Ranks (of ``among``, default all) whose actor answers a ping (a second thread answers
+        even during a step); a crashed node's actors are told dead at once by its unreachable
+        raylet rather than after Ray's health checks (``runtime/liveness.py``). One that stays
+        silent on a reachable node counts as alive: its process is stuck, and the step timeout
+        names it."""
+        nodes = {w.rank: w.node_id for w in self.workers}
+        ranks = set(range(len(self._actors))) if among is None else among
+        return alive_ranks(self._actors, nodes, ranks, self.options.failure_grace_s)
 
     def _node_ids(self, ranks: tuple[int, ...]) -> tuple[str, ...]:
         ids = {w.rank: w.node_id for w in self.workers}

@@ -45,7 +45,6 @@ import ray
 
 from orchestrator.control.ports import WarmStatus, WorkerLost
 from orchestrator.runtime.discovery import discover_nodes
-from orchestrator.runtime.elastic.liveness import alive_ranks
 from orchestrator.runtime.elastic.warm import WarmActor, WarmPool, remove_placed
 from orchestrator.runtime.elastic.worker import ElasticWorkerActor
 from orchestrator.runtime.group import WorkerGroup, WorkerInfo
@@ -473,14 +472,6 @@ class ElasticWorkerGroup(WorkerGroup):
         return sorted(refs)
 
     # -- helpers -----------------------------------------------------------------------------
-
-    def _alive_ranks(self, among: set[int] | None = None) -> set[int]:
-        """Ranks (of ``among``, default all) whose actor answers a ping, a crashed node's told
-        at once by its unreachable raylet rather than after Ray's health checks
-        (``liveness.py``)."""
-        nodes = {w.rank: w.node_id for w in self.workers}
-        ranks = set(range(len(self._actors))) if among is None else among
-        return alive_ranks(self._actors, nodes, ranks, self.options.failure_grace_s)
 
     def _survivors(self, dead_ranks: set[int]) -> set[int]:
         """Old ranks whose actor lives and whose last step has returned (failed or not)."""

@@ -1,4 +1,4 @@
-"""Telling a crashed node's actors dead at once (``runtime/elastic/liveness.py``): a silent actor
+"""Telling a crashed node's actors dead at once (``runtime/liveness.py``): a silent actor
 is dead when its node's raylet refuses a connection or Ray lists the node dead, and waited for
 when the raylet answers. Ray's calls are replaced by fakes; the sockets are real."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from ray.exceptions import RayActorError
 
-from orchestrator.runtime.elastic import liveness
+from orchestrator.runtime import liveness
 
 
 @pytest.fixture
