@@ -10,7 +10,9 @@ redirect the run (:meth:`RunContext.fail`, :meth:`RunContext.on_failure`,
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from orchestrator.control.config import ControllerConfig
 from orchestrator.control.events import ControllerStateName, EventKind
@@ -177,16 +179,15 @@ class RunContext:
         """
         step = self.ledger.next_step
         started_s = self.now_s()
+        save: Callable[[], CheckpointRef]
         if self.holders_write:
             _, sources = self.read_all_layers(read=False)
-            states: dict[int, LayerState] = {}
+            save = partial(self._write_by_holders, step, sources)
         else:
-            states, sources = self.read_all_layers()
+            states, _ = self.read_all_layers()
+            save = partial(self.checkpoints.save, step, states, self.run_meta())
         try:
-            if self.holders_write:
-                ref = self._write_by_holders(step, sources)
-            else:
-                ref = self.checkpoints.save(step, states, self.run_meta())
+            ref = save()
         except WorkerLost:
             raise
         except Exception as exc:  # a full disk must not kill a healthy run

@@ -79,22 +79,15 @@ class DirCheckpointStore:
         self, step: int, states: Mapping[int, LayerState], meta: Mapping[str, object]
     ) -> CheckpointRef:
         """Write every layer and the run state for ``step``; publish atomically."""
-        from orchestrator.worker.checkpoint import begin_checkpoint, commit_checkpoint, write_layers
+        from orchestrator.worker.checkpoint import begin_checkpoint, write_layers
 
-        plan_json = meta.get("plan")
-        plan = Plan.model_validate(plan_json) if isinstance(plan_json, dict) else None
         staging = begin_checkpoint(self.root, step)
         try:
             write_layers(staging, {int(k): v for k, v in states.items()})  # type: ignore[misc]
-            _write_json_atomically(staging / RUN_STATE_FILE, dict(meta))
-            final = commit_checkpoint(
-                self.root, staging, step, plan, len(states), keep_last=self.keep_last
-            )
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        self._ignored.discard(final.name)
-        return CheckpointRef(step, {"path": str(final), "step": step, "meta": dict(meta)})
+        return self._publish(step, staging, meta, len(states), written=None)
 
     def begin(self, step: int) -> str:
         """A fresh staging directory for ``step``, for the workers to write their layers into."""
@@ -108,20 +101,37 @@ class DirCheckpointStore:
         """Check the staged layer files against the writers' reports (file -> sha256, bytes),
         add the run state and publish atomically; on any error the staging directory goes and
         nothing is published."""
+        plan = _plan_of(meta)
+        num_layers = plan.num_layers if plan is not None else len(written)
+        reports = {str(k): (str(v[0]), int(v[1])) for k, v in written.items()}  # type: ignore[index]
+        return self._publish(step, Path(staging), meta, num_layers, written=reports)
+
+    def _publish(
+        self,
+        step: int,
+        staging: Path,
+        meta: Mapping[str, object],
+        num_layers: int,
+        written: dict[str, tuple[str, int]] | None,
+    ) -> CheckpointRef:
+        """Add the run state to ``staging`` and publish it as the checkpoint at ``step`` (its
+        files hashed here, or checked against the writers' ``written`` reports); on any error
+        the staging directory goes and nothing is published."""
         from orchestrator.worker.checkpoint import commit_checkpoint
 
-        plan_json = meta.get("plan")
-        plan = Plan.model_validate(plan_json) if isinstance(plan_json, dict) else None
-        num_layers = plan.num_layers if plan is not None else len(written)
-        path = Path(staging)
-        reports = {str(k): (str(v[0]), int(v[1])) for k, v in written.items()}  # type: ignore[index]
         try:
-            _write_json_atomically(path / RUN_STATE_FILE, dict(meta))
+            _write_json_atomically(staging / RUN_STATE_FILE, dict(meta))
             final = commit_checkpoint(
-                self.root, path, step, plan, num_layers, keep_last=self.keep_last, written=reports
+                self.root,
+                staging,
+                step,
+                _plan_of(meta),
+                num_layers,
+                keep_last=self.keep_last,
+                written=written,
             )
         except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
             raise
         self._ignored.discard(final.name)
         return CheckpointRef(step, {"path": str(final), "step": step, "meta": dict(meta)})
@@ -167,6 +177,12 @@ class MemoryCheckpointStore:
         if step != self._step:
             raise KeyError(f"no checkpoint at step {step} in memory (newest: {self._step})")
         return dict(self._states)
+
+
+def _plan_of(meta: Mapping[str, object]) -> Plan | None:
+    """The plan a checkpoint's run state carries (None: a fixed-plan run's, or none)."""
+    plan_json = meta.get("plan")
+    return Plan.model_validate(plan_json) if isinstance(plan_json, dict) else None
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
