@@ -38,6 +38,7 @@ from orchestrator.spec.profiles import (
 )
 from orchestrator.worker.call_terms import CallOverhead, measure_call_overhead
 from orchestrator.worker.data import DataConfig, make_dataset
+from orchestrator.worker.in_context import InContextRatio, measure_in_context
 from orchestrator.worker.layers import build_layers
 from orchestrator.worker.memory_account import ActivationAccount, DeviceMemory, state_bytes
 from orchestrator.worker.model_api import LayeredModel, build_model
@@ -46,8 +47,9 @@ from orchestrator.worker.runtime_terms import RuntimeTerms, measure_runtime_term
 
 # Bumped when how the profiler measures changes, so cached profiles of the old way are not reused.
 MEASUREMENT_METHOD = (
-    "v6: emulated times from the least thread CPU time; 16-bit activations; runtime time terms;"
-    " layers timed without hooks, backward from a ready gradient; per-call stage terms"
+    "v7: emulated times from the least thread CPU time, scaled to the stage call in context;"
+    " 16-bit activations; runtime time terms; layers timed without hooks, backward from a ready"
+    " gradient; per-call stage terms on real devices"
 )
 
 
@@ -81,22 +83,29 @@ def profile(request: ProfileRequest, device: torch.device | None = None) -> Prof
     layers = build_layers(model, range(model.num_planner_layers), request.seed, device)
     dataset = make_dataset(request.data, request.seed)
     entries = []
+    in_context: list[str] = []  # the scaling applied per microbatch size, for the source line
     for mbs in request.microbatch_sizes:
         inputs, targets = dataset.batch(0, mbs, 0, mbs)
         timings = {
             i: _profile_layer(model, layers, i, inputs.to(device), targets.to(device), request)
             for i in range(model.num_planner_layers)
         }
+        if request.slowdown_factor != 1.0:  # emulated: scaled to the stage call as it runs
+            timings, ratio = _in_context(
+                model, layers, inputs.to(device), targets.to(device), timings, request
+            )
+            in_context.append(f"mb{mbs} x{ratio.forward:.3f}/x{ratio.backward:.3f}")
         entries.append(ProfileEntry(microbatch_size=mbs, tp=1, layers=timings))
     terms = _runtime_terms(model, layers, dataset, request, device)
-    calls = _call_overhead(model, layers, dataset, request, device)
     emulated = request.slowdown_factor != 1.0
+    # Emulated: the in-context ratio already holds what a call costs beyond its layers.
+    calls = None if emulated else _call_overhead(model, layers, dataset, request, device)
     return ProfileFile(
         model=model.name,
         device_type=request.device_type,
         sequence_length=request.data.sequence_length,
         dtype="fp32",
-        source=_source(device, request.slowdown_factor),
+        source=_source(device, request.slowdown_factor, in_context),
         emulated=emulated,
         entries=entries,
         runtime=RuntimeConstants(
@@ -110,6 +119,39 @@ def profile(request: ProfileRequest, device: torch.device | None = None) -> Prof
             call_backward_s=calls.backward_s if calls is not None else None,
         ),
     )
+
+
+def _in_context(
+    model: LayeredModel,
+    layers: dict[int, nn.Module],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    timings: dict[int, LayerTiming],
+    request: ProfileRequest,
+) -> tuple[dict[int, LayerTiming], InContextRatio]:
+    """Each layer's emulated forward and backward scaled by the ratio of the whole model as one
+    stretched stage call to the sum of the layers timed alone (``worker/in_context.py``)."""
+    factor = request.slowdown_factor
+    order = sorted(timings)
+    ratio = measure_in_context(
+        model,
+        layers,
+        inputs,
+        targets,
+        factor,
+        [timings[i].forward_s / factor for i in order],
+        [timings[i].backward_s / factor for i in order],
+    )
+    scaled = {
+        i: t.model_copy(
+            update={
+                "forward_s": t.forward_s * ratio.forward,
+                "backward_s": t.backward_s * ratio.backward,
+            }
+        )
+        for i, t in timings.items()
+    }
+    return scaled, ratio
 
 
 def _call_overhead(
@@ -344,11 +386,13 @@ def _sync_fn(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
-def _source(device: torch.device, factor: float) -> str:
+def _source(device: torch.device, factor: float, in_context: list[str] | None = None) -> str:
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     text = f"measured by orchestrator.worker.profiler on {what}, torch {torch.__version__}"
     if factor != 1.0:
         text += f"; emulated: times stretched x{factor:g}"
+    if in_context:  # forward/backward ratios of the stage call to the layers timed alone
+        text += "; scaled to the stage call in context: " + ", ".join(in_context)
     return text
 
 

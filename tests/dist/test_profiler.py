@@ -147,3 +147,16 @@ def test_gloo_latency_between_two_local_ranks() -> None:
 
     latency_s = measure_p2p_latency_s(warmup=2, repeats=10)
     assert 0 < latency_s < 0.05
+
+
+def test_emulated_layers_are_scaled_to_the_stage_call_in_context() -> None:
+    """Emulated: every layer's forward and backward is the isolated figure times the ratio of the
+    whole model as one stretched call to the layers' sum (worker/in_context.py); the source line
+    names the ratios, and the per-call terms are not charged on top."""
+    import re
+
+    result = profile(request(device_type="T4", slowdown_factor=4.0, microbatch_sizes=(2, 4)))
+    found = re.findall(r"mb(\d+) x([\d.]+)/x([\d.]+)", result.source)
+    assert [int(m) for m, _, _ in found] == [2, 4]
+    assert all(float(f) > 0 and float(b) > 0 for _, f, b in found)
+    assert result.runtime is not None and result.runtime.call_forward_s is None
