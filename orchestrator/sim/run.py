@@ -117,7 +117,11 @@ def simulate(
         clock=clock,
         logger=logger,
     )
-    _step_until_horizon(controller, clock, scenario.trace.horizon_s, poll_interval_s)
+    # As a run on the runtime: a state that waits (a recovery's backoff) is slept through on the
+    # simulated clock, at most a poll interval at a time.
+    controller.run(until=lambda: clock.now_s() >= scenario.trace.horizon_s)
+    if controller.done:
+        raise RuntimeError(f"simulated run stopped early: {controller.state}")
     outcome = _outcome(controller, clock, cluster, workers, store, timed, scenario.trace.horizon_s)
     outcome.wall_s = time.perf_counter() - started
     return outcome
@@ -143,23 +147,6 @@ def _world(scenario: Scenario, clock: SimClock) -> tuple[SimCluster, SimWorkers,
         workers = SimWorkers(clock, cluster, scenario.costs)
         store = SimStore(clock, scenario.costs)
     return cluster, workers, store
-
-
-def _step_until_horizon(
-    controller: Controller, clock: SimClock, horizon_s: float, poll_interval_s: float
-) -> None:
-    """Step the controller until the simulated clock passes ``horizon_s``, sleeping through the
-    waits of its states (kept apart: this is the only place the simulated clock is driven)."""
-    while clock.now_s() < horizon_s and not controller.done:
-        controller.step()
-        # As Controller.run: a state that waits (a recovery's backoff) is slept through, at most
-        # a poll interval at a time; without it such a state would be stepped forever at one
-        # simulated instant (nothing else moves the clock when no state is read back).
-        wait_s = min(controller.wait_s(), poll_interval_s)
-        if wait_s > 0 and not controller.done:
-            clock.sleep(wait_s)
-    if controller.done:
-        raise RuntimeError(f"simulated run stopped early: {controller.state}")
 
 
 def _outcome(
