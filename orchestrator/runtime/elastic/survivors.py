@@ -259,14 +259,7 @@ class ElasticWorkerGroup(WorkerGroup):
         for new, old in chosen.items():
             out.actors[new], out.pgs[new] = self._actors[old], self._pgs[old]
             kept = self.workers[old]
-            out.workers[new] = WorkerInfo(
-                new,
-                kept.node_id,
-                kept.node_name,
-                new_ranks[new].device_type,
-                kept.slowdown_factor,
-                kept.emulated,
-            )
+            out.workers[new] = replace(kept, rank=new, device_type=new_ranks[new].device_type)
         for new, placed in zip(missing, fresh_pgs, strict=True):
             out.actors[new], out.workers[new] = self._spawn(new_ranks[new], placed, plan_json)
             out.pgs[new] = placed
