@@ -39,7 +39,7 @@ step to run is ``next_step``; a checkpoint "at step c" holds the state after c s
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from orchestrator.control import running, starting
 from orchestrator.control.callbacks import ControllerCallback
@@ -169,10 +169,17 @@ class Controller:
         """Seconds until the current state may proceed (0: step now)."""
         return max(0.0, proceed_at_s(self.state) - self.ctx.now_s())
 
-    def run(self, max_steps: int | None = None) -> ControllerState:
-        """Step until FINISHED or FAILED (or ``max_steps`` calls to :meth:`step`)."""
+    def run(
+        self, max_steps: int | None = None, *, until: Callable[[], bool] | None = None
+    ) -> ControllerState:
+        """Step until FINISHED or FAILED (or ``max_steps`` calls to :meth:`step`, or ``until``
+        says so before a call: the simulator's horizon)."""
         calls = 0
-        while not self.done and (max_steps is None or calls < max_steps):
+        while (
+            not self.done
+            and (max_steps is None or calls < max_steps)
+            and (until is None or not until())
+        ):
             self.step()
             calls += 1
             # Sleep between steps, never inside one, and at most a poll interval at a time.

@@ -17,12 +17,13 @@ is unchanged. Memory is not derated: a throttled GPU holds as much as before.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from orchestrator.control.ports import PlanProposal
 from orchestrator.errors import InfeasibleError
 from orchestrator.policies.oom import MemoryCaps
-from orchestrator.spec.cluster import Cluster, Node
+from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.devices import DeviceCatalog, DeviceType
 from orchestrator.spec.model import AUTO_PRECISION, ModelSpec, Schedule, TrainingSpec
 from orchestrator.spec.plan import Plan
@@ -177,7 +178,9 @@ def cap_memory(cluster: Cluster, caps: MemoryCaps) -> Cluster:
     """``cluster`` with each capped device type's usable memory lowered to its cap."""
     if not caps.usable_bytes:
         return cluster
-    return Cluster(nodes=tuple(_with_device(n, caps.apply(n.device_type)) for n in cluster.nodes))
+    return Cluster(
+        nodes=tuple(replace(n, device_type=caps.apply(n.device_type)) for n in cluster.nodes)
+    )
 
 
 def slow_name(device_type: str, factor: float) -> str:
@@ -201,7 +204,7 @@ def derate(
             continue
         name = slow_name(node.device_type.name, factor)
         derated[name] = (node.device_type.name, factor)
-        nodes.append(_with_device(node, _derated_type(node.device_type, name, factor)))
+        nodes.append(replace(node, device_type=_derated_type(node.device_type, name, factor)))
     return Cluster(nodes=tuple(nodes)), _derated_profiles(profiles, derated)
 
 
@@ -232,17 +235,6 @@ def _derated_type(device: DeviceType, name: str, factor: float) -> DeviceType:
             "memory_bandwidth_bytes_per_s": device.memory_bandwidth_bytes_per_s / factor,
             "description": f"{device.description} (measured {factor:.2f}x slower)",
         }
-    )
-
-
-def _with_device(node: Node, device: DeviceType) -> Node:
-    return Node(
-        name=node.name,
-        group=node.group,
-        device_type=device,
-        num_devices=node.num_devices,
-        intra_node_bandwidth_bytes_per_s=node.intra_node_bandwidth_bytes_per_s,
-        inter_node_bandwidth_bytes_per_s=node.inter_node_bandwidth_bytes_per_s,
     )
 
 

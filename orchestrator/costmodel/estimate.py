@@ -27,6 +27,7 @@ block's forward twice (``layer_table.recomputed_table``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from orchestrator.costmodel import comm, memory, network, sharding
 from orchestrator.costmodel.precision import costed_inputs
@@ -252,12 +253,7 @@ def estimate_with_tables(
     plan: Plan, cluster: Cluster, tables: CostTables, schedule: str = "1f1b"
 ) -> Estimate:
     """Cost ``plan`` on ``cluster``: step time, throughput, memory per device."""
-    allreduce_bytes: dict[tuple[int, int], list[float]] = {}
-    allreduce = _allreduce_per_stage(tables, cluster, plan, allreduce_bytes)
-    overlapped = tables.runtime.overlaps_gradient_allreduce and not (
-        tables.runtime.blocks_sharded_reduction and blocking_reduction(plan)
-    )
-    bucket_bytes = tables.runtime.grad_bucket_bytes
+    reductions = _reductions(plan, cluster, tables)
     devices: list[DeviceEstimate] = []
     pipeline_s = 0.0
     estimated: set[str] = set()
@@ -273,42 +269,88 @@ def estimate_with_tables(
             if any(start <= i < end for i in table.estimated_layers):
                 estimated.add(stage.device_type)
             in_flight = memory.microbatches_in_flight(s, len(rep.stages), num_micro, schedule)
-            device = tables.device_types[stage.device_type]
-            framework = tables.framework_overhead_bytes(stage.device_type)
-            layer_allreduce = allreduce[(r, s)]
             devices.append(
-                DeviceEstimate(
-                    replica=r,
-                    stage=s,
-                    device_type=stage.device_type,
-                    node=stage.node,
-                    tp=stage.tp,
-                    layers=stage.layers,
-                    microbatch_s=per_stage[s],
-                    compute_s=num_micro * per_stage[s],
-                    allreduce_s=_exposed_allreduce_s(
-                        layer_allreduce,
-                        table,
-                        start,
-                        end,
-                        overlapped,
-                        bucket_bytes,
-                        allreduce_bytes[(r, s)],
-                    ),
-                    update_s=table.update_s(start, end),
-                    memory_bytes=table.memory_bytes(start, end, in_flight) + framework,
-                    memory_capacity_bytes=float(device.memory_bytes),
-                    allreduce_total_s=sum(layer_allreduce),
-                    framework_bytes=framework,
-                    recompute=stage.recompute,
+                _stage_estimate(
+                    tables, table, (r, s), stage, per_stage[s], num_micro, in_flight, reductions
                 )
             )
-    # Sharded stages: state split across the shard group, its gathers (costmodel.sharding).
+    devices = _apply_sharding(plan, cluster, tables, devices)
+    return _whole_step(plan, tables, devices, pipeline_s, estimated)
+
+
+@dataclass(frozen=True)
+class _Reductions:
+    """The plan's gradient all-reduce, per (replica, stage): computed once for the whole plan
+    (a layer's reduction spans all the replicas holding it), read by each stage's estimate."""
+
+    per_layer_s: dict[tuple[int, int], list[float]]
+    per_layer_bytes: dict[tuple[int, int], list[float]]
+    overlapped: bool  # reduced during the backward, from gradient hooks
+    bucket_bytes: float | None
+
+
+def _reductions(plan: Plan, cluster: Cluster, tables: CostTables) -> _Reductions:
+    """Each stage's per-layer all-reduce seconds and bytes, and how the runtime overlaps them."""
+    per_layer_bytes: dict[tuple[int, int], list[float]] = {}
+    per_layer_s = _allreduce_per_stage(tables, cluster, plan, per_layer_bytes)
+    overlapped = tables.runtime.overlaps_gradient_allreduce and not (
+        tables.runtime.blocks_sharded_reduction and blocking_reduction(plan)
+    )
+    return _Reductions(per_layer_s, per_layer_bytes, overlapped, tables.runtime.grad_bucket_bytes)
+
+
+def _stage_estimate(
+    tables: CostTables,
+    table: LayerTable,
+    key: tuple[int, int],
+    stage: StageSpec,
+    microbatch_s: float,
+    num_micro: int,
+    in_flight: int,
+    reductions: _Reductions,
+) -> DeviceEstimate:
+    """One stage's figures (replica and stage index in ``key``), before sharding adjusts them:
+    its own step because every figure reads the stage's table and nothing of other stages."""
+    start, end = stage.layers
+    framework = tables.framework_overhead_bytes(stage.device_type)
+    layer_allreduce = reductions.per_layer_s[key]
+    return DeviceEstimate(
+        replica=key[0],
+        stage=key[1],
+        device_type=stage.device_type,
+        node=stage.node,
+        tp=stage.tp,
+        layers=stage.layers,
+        microbatch_s=microbatch_s,
+        compute_s=num_micro * microbatch_s,
+        allreduce_s=_exposed_allreduce_s(
+            layer_allreduce,
+            table,
+            start,
+            end,
+            reductions.overlapped,
+            reductions.bucket_bytes,
+            reductions.per_layer_bytes[key],
+        ),
+        update_s=table.update_s(start, end),
+        memory_bytes=table.memory_bytes(start, end, in_flight) + framework,
+        memory_capacity_bytes=float(tables.device_types[stage.device_type].memory_bytes),
+        allreduce_total_s=sum(layer_allreduce),
+        framework_bytes=framework,
+        recompute=stage.recompute,
+    )
+
+
+def _apply_sharding(
+    plan: Plan, cluster: Cluster, tables: CostTables, devices: list[DeviceEstimate]
+) -> list[DeviceEstimate]:
+    """Sharded stages: state split across the shard group, its gathers (``costmodel.sharding``),
+    applied to the whole plan's figures at once since a shard group spans replicas."""
     # Their collectives move whole layers: the largest layer's gradients stand for the message.
     shard_message_bytes = max(
         tables.model.layer_params(i) for i in range(plan.num_layers)
     ) * tables.runtime.grad_bytes(tables.model, tables.training)
-    devices = sharding.apply(
+    return sharding.apply(
         plan,
         devices,
         tables.model,
@@ -319,6 +361,17 @@ def estimate_with_tables(
         tables.runtime.optimizer_sharding_all_reduces,
         tables.runtime.layerwise_sharded_replicas,
     )
+
+
+def _whole_step(
+    plan: Plan,
+    tables: CostTables,
+    devices: list[DeviceEstimate],
+    pipeline_s: float,
+    estimated: set[str],
+) -> Estimate:
+    """The step's figures from the devices': the slowest device's reduction and update after
+    the pipeline, plus the per-step fixed terms."""
     tail = max(d.allreduce_s + d.update_s for d in devices)
     worst = max(devices, key=lambda d: d.allreduce_s + d.update_s)
     # Per-step fixed terms (a rank's own per-step work, the driver's round trip): the step ends

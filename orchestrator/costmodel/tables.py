@@ -12,6 +12,8 @@ fixed costs per device type); this module builds the tables and caches them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from orchestrator.costmodel import comm, memory
 from orchestrator.costmodel.compute import LayerTime, analytic_layer_time
 from orchestrator.costmodel.layer_table import LayerTable, _prefix, recomputed_table
@@ -21,7 +23,7 @@ from orchestrator.costmodel.table_sources import TableSources
 from orchestrator.spec.cluster import Cluster
 from orchestrator.spec.devices import DeviceType, Dtype
 from orchestrator.spec.model import LayerKind, ModelSpec, TrainingSpec
-from orchestrator.spec.profiles import LayerTiming, ProfileSet
+from orchestrator.spec.profiles import LayerTiming, ProfileEntry, ProfileSet
 
 __all__ = ["CostTables", "LayerTable", "recomputed_table"]
 
@@ -131,85 +133,23 @@ class CostTables(RuntimeOverheads, TableSources):
         return cached
 
     def _build(self, device_type: str, microbatch_size: int, tp: int) -> LayerTable:
-        model, training = self.model, self.training
+        """The table at (device type, microbatch size, tp), not recomputed: each layer measured
+        where profiled (``_source``), else derived from the tp-1 table, else analytic."""
         device = self.device_types[device_type]
         intra = self._intra.get(device_type, device.intra_node_bandwidth_bytes_per_s)
-        tp_comm_s = comm.tp_allreduce_per_pass_s(model, microbatch_size, tp, intra)
-        entry, scale, memory_scale = self._measured(device_type, microbatch_size, tp)
-        memory_entry = self._memory_entry(device_type, microbatch_size, tp)
-        exact = self.profiles.lookup(device_type, microbatch_size, tp) is not None
-        # Borrowed from another device type: the update scales with its speed too.
-        transferred = entry is not None and device_type not in self.profiles.device_types()
-        update_scale = scale if transferred else 1.0
-        times: list[LayerTime] = []
-        activations: list[float] = []
-        sixteen_bit = training.runtime_precision is not Dtype.FP32
-        # Each profiled layer was its own call: net its share out, charge the stage's calls once
-        # (a borrowed entry's calls belong to another device type: summed as they are).
-        calls = None if transferred or entry is None else self.call_overhead_s(device_type)
-        call_forward_s, call_backward_s = calls or (0.0, 0.0)
-        boundary_activations: list[float] = []
-        # The analytic estimate reads a layer's kind and parameter count alone: blocks alike
-        # share one (each table costs all its layers at once).
-        analytic: dict[tuple[LayerKind, int], LayerTime] = {}
+        tp_comm_s = comm.tp_allreduce_per_pass_s(self.model, microbatch_size, tp, intra)
+        source = self._source(device_type, microbatch_size, tp)
+        times = self._layer_times(device, source, microbatch_size, tp, tp_comm_s)
+        activations, boundary_activations = self._activations(source, microbatch_size, tp)
         layer_params = self.layer_params()
-
-        for layer in range(model.num_planner_layers):
-            measured = entry.layers.get(layer) if entry is not None else None
-            measured_memory = memory_entry.layers.get(layer) if memory_entry is not None else None
-            if measured is None:
-                kind = model.layer_kind(layer)
-                same = (kind, layer_params[layer])
-                estimate = analytic.get(same)
-                if estimate is None:
-                    estimate = analytic[same] = analytic_layer_time(
-                        model,
-                        training,
-                        device,
-                        layer,
-                        microbatch_size,
-                        tp,
-                        tp_comm_s if kind.value == "block" else 0.0,
-                    )
-                times.append(estimate)
-            else:
-                update_s = measured.update_s
-                if update_s is None:  # not measured: the update is memory-bound, estimate it
-                    update_s = analytic_layer_time(
-                        model, training, device, layer, microbatch_size, tp, 0.0
-                    ).update_s
-                times.append(
-                    LayerTime(
-                        forward_s=max(0.0, measured.forward_s - call_forward_s) * scale,
-                        backward_s=max(0.0, measured.backward_s - call_backward_s) * scale,
-                        update_s=update_s * update_scale,
-                        estimated=not exact,
-                    )
-                )
-            measured_bytes = _activation_bytes(measured, sixteen_bit)
-            memory_bytes = _activation_bytes(measured_memory, sixteen_bit)
-            if measured_bytes is not None:
-                activations.append(measured_bytes * memory_scale)
-            elif memory_bytes is not None:
-                activations.append(memory_bytes)
-            else:
-                activations.append(
-                    memory.activation_bytes_per_microbatch(model, layer, microbatch_size, tp)
-                )
-            boundary = _boundary_activation_bytes(measured, sixteen_bit)
-            if boundary is not None:
-                boundary_activations.append(boundary * memory_scale)
-            elif measured is None or measured.activation_bytes is None:
-                boundary = _boundary_activation_bytes(measured_memory, sixteen_bit)
-                boundary_activations.append(activations[-1] if boundary is None else boundary)
-            else:
-                boundary_activations.append(activations[-1])
         terms = self.state_terms(device_type)
         states = [
-            layer_params[i] / tp * (terms.state + _cast_bytes(model, i, terms.cast_weights))
+            layer_params[i] / tp * (terms.state + _cast_bytes(self.model, i, terms.cast_weights))
             for i in range(len(times))
         ]
+        entry = source.entry
         stage_update_s = entry.stage_update_s if entry is not None else None
+        call_s = source.call_forward_s + source.call_backward_s
         derived = (
             self._derived_from_tp1(device_type, microbatch_size, tp, tp_comm_s)
             if entry is None
@@ -218,7 +158,7 @@ class CostTables(RuntimeOverheads, TableSources):
         if derived is not None:
             times, base = derived
             stage_update_s = base.stage_update_s / tp
-            call_forward_s, call_backward_s = base.call_s, 0.0
+            call_s = base.call_s
         return LayerTable(
             device_type=device_type,
             microbatch_size=microbatch_size,
@@ -229,9 +169,125 @@ class CostTables(RuntimeOverheads, TableSources):
             state_prefix_bytes=_prefix(states),
             activation_prefix_bytes=_prefix(activations),
             estimated_layers=tuple(i for i, t in enumerate(times) if t.estimated),
-            stage_update_s=(stage_update_s or 0.0) * update_scale,
+            stage_update_s=(stage_update_s or 0.0) * source.update_scale,
             boundary_activation_prefix_bytes=(
                 _prefix(boundary_activations) if boundary_activations != activations else None
             ),
-            call_s=call_forward_s + call_backward_s,
+            call_s=call_s,
         )
+
+    def _source(self, device_type: str, microbatch_size: int, tp: int) -> _Source:
+        """The measured entries that stand in for this table and how to read them (kept apart:
+        the times and the activations read the same entries with different rules)."""
+        entry, scale, memory_scale = self._measured(device_type, microbatch_size, tp)
+        # Borrowed from another device type: the update scales with its speed too.
+        transferred = entry is not None and device_type not in self.profiles.device_types()
+        # Each profiled layer was its own call: net its share out, charge the stage's calls once
+        # (a borrowed entry's calls belong to another device type: summed as they are).
+        calls = None if transferred or entry is None else self.call_overhead_s(device_type)
+        call_forward_s, call_backward_s = calls or (0.0, 0.0)
+        return _Source(
+            entry=entry,
+            memory_entry=self._memory_entry(device_type, microbatch_size, tp),
+            scale=scale,
+            memory_scale=memory_scale,
+            update_scale=scale if transferred else 1.0,
+            call_forward_s=call_forward_s,
+            call_backward_s=call_backward_s,
+            exact=self.profiles.lookup(device_type, microbatch_size, tp) is not None,
+        )
+
+    def _layer_times(
+        self,
+        device: DeviceType,
+        source: _Source,
+        microbatch_size: int,
+        tp: int,
+        tp_comm_s: float,
+    ) -> list[LayerTime]:
+        """Each planner layer's seconds: measured (net of its call's share, scaled when
+        borrowed), else the analytic estimate."""
+        model, training = self.model, self.training
+        entry = source.entry
+        layer_params = self.layer_params()
+        # The analytic estimate reads a layer's kind and parameter count alone: blocks alike
+        # share one (each table costs all its layers at once).
+        analytic: dict[tuple[LayerKind, int], LayerTime] = {}
+        times: list[LayerTime] = []
+        for layer in range(model.num_planner_layers):
+            measured = entry.layers.get(layer) if entry is not None else None
+            if measured is None:
+                kind = model.layer_kind(layer)
+                same = (kind, layer_params[layer])
+                estimate = analytic.get(same)
+                if estimate is None:
+                    comm_s = tp_comm_s if kind.value == "block" else 0.0
+                    estimate = analytic[same] = analytic_layer_time(
+                        model, training, device, layer, microbatch_size, tp, comm_s
+                    )
+                times.append(estimate)
+                continue
+            update_s = measured.update_s
+            if update_s is None:  # not measured: the update is memory-bound, estimate it
+                update_s = analytic_layer_time(
+                    model, training, device, layer, microbatch_size, tp, 0.0
+                ).update_s
+            times.append(
+                LayerTime(
+                    forward_s=max(0.0, measured.forward_s - source.call_forward_s) * source.scale,
+                    backward_s=max(0.0, measured.backward_s - source.call_backward_s)
+                    * source.scale,
+                    update_s=update_s * source.update_scale,
+                    estimated=not source.exact,
+                )
+            )
+        return times
+
+    def _activations(
+        self, source: _Source, microbatch_size: int, tp: int
+    ) -> tuple[list[float], list[float]]:
+        """Each planner layer's activation bytes per microbatch, and the same with its input
+        arriving in 16 bits (a stage's first layer): measured, else the memory entry's, else
+        the analytic estimate."""
+        model = self.model
+        sixteen_bit = self.training.runtime_precision is not Dtype.FP32
+        activations: list[float] = []
+        boundary_activations: list[float] = []
+        for layer in range(model.num_planner_layers):
+            entry, memory_entry = source.entry, source.memory_entry
+            measured = entry.layers.get(layer) if entry is not None else None
+            measured_memory = memory_entry.layers.get(layer) if memory_entry is not None else None
+            measured_bytes = _activation_bytes(measured, sixteen_bit)
+            memory_bytes = _activation_bytes(measured_memory, sixteen_bit)
+            if measured_bytes is not None:
+                activations.append(measured_bytes * source.memory_scale)
+            elif memory_bytes is not None:
+                activations.append(memory_bytes)
+            else:
+                activations.append(
+                    memory.activation_bytes_per_microbatch(model, layer, microbatch_size, tp)
+                )
+            boundary = _boundary_activation_bytes(measured, sixteen_bit)
+            if boundary is not None:
+                boundary_activations.append(boundary * source.memory_scale)
+            elif measured is None or measured.activation_bytes is None:
+                boundary = _boundary_activation_bytes(measured_memory, sixteen_bit)
+                boundary_activations.append(activations[-1] if boundary is None else boundary)
+            else:
+                boundary_activations.append(activations[-1])
+        return activations, boundary_activations
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The measured entries one table reads: ``entry`` for times (scaled by ``scale``, its
+    update by ``update_scale``, net of the calls' seconds), ``memory_entry`` for activations."""
+
+    entry: ProfileEntry | None
+    memory_entry: ProfileEntry | None
+    scale: float
+    memory_scale: float
+    update_scale: float
+    call_forward_s: float
+    call_backward_s: float
+    exact: bool  # profiled at this very (device type, microbatch size, tp)

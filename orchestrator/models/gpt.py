@@ -185,8 +185,3 @@ def make_gpt(
         tie_embeddings=tie_embeddings,
     )
     return GPT(spec)
-
-
-def gpt_from_spec(spec: ModelSpec) -> GPT:
-    """The GPT of a ``ModelSpec`` (as read from model.yaml)."""
-    return GPT(spec)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from orchestrator.control.ports import Planner, PlanProposal
 from orchestrator.spec.snapshot import ClusterSnapshot
@@ -110,12 +110,4 @@ def _renamed(proposal: PlanProposal, rename: Mapping[str, str]) -> PlanProposal:
         )
         for rep in proposal.plan.replicas
     )
-    plan = proposal.plan.model_copy(update={"replicas": replicas})
-    return PlanProposal(
-        plan=plan,
-        predicted_step_s=proposal.predicted_step_s,
-        bound_step_s=proposal.bound_step_s,
-        stage_compute_s=proposal.stage_compute_s,
-        predicted_stage_s=proposal.predicted_stage_s,
-        notes=proposal.notes,
-    )
+    return replace(proposal, plan=proposal.plan.model_copy(update={"replicas": replicas}))

@@ -90,22 +90,7 @@ def simulate(
 
     started = time.perf_counter()
     clock = SimClock()
-    cluster = SimCluster(
-        clock,
-        list(scenario.nodes),
-        scenario.trace,
-        detect_s=scenario.costs.detect_s,
-        replace_after_s=scenario.replace_after_s,
-    )
-    workers: SimWorkers
-    store: SimStore
-    if scenario.costs.move is StateMove.KEEP_SURVIVORS:  # as the runtime runs now
-        holders = SimHolderWorkers(clock, cluster, scenario.costs)
-        store = holders.store = SimHolderStore(clock, scenario.costs)
-        workers = holders
-    else:
-        workers = SimWorkers(clock, cluster, scenario.costs)
-        store = SimStore(clock, scenario.costs)
+    cluster, workers, store = _world(scenario, clock)
     timed = TimedPlanner(planner, clock.advance)
     if plan_cache is not None:
         timed.cache = plan_cache
@@ -132,17 +117,49 @@ def simulate(
         clock=clock,
         logger=logger,
     )
-    horizon_s = scenario.trace.horizon_s
-    while clock.now_s() < horizon_s and not controller.done:
-        controller.step()
-        # As Controller.run: a state that waits (a recovery's backoff) is slept through, at most
-        # a poll interval at a time; without it such a state would be stepped forever at one
-        # simulated instant (nothing else moves the clock when no state is read back).
-        wait_s = min(controller.wait_s(), poll_interval_s)
-        if wait_s > 0 and not controller.done:
-            clock.sleep(wait_s)
+    # As a run on the runtime: a state that waits (a recovery's backoff) is slept through on the
+    # simulated clock, at most a poll interval at a time.
+    controller.run(until=lambda: clock.now_s() >= scenario.trace.horizon_s)
     if controller.done:
         raise RuntimeError(f"simulated run stopped early: {controller.state}")
+    outcome = _outcome(controller, clock, cluster, workers, store, timed, scenario.trace.horizon_s)
+    outcome.wall_s = time.perf_counter() - started
+    return outcome
+
+
+def _world(scenario: Scenario, clock: SimClock) -> tuple[SimCluster, SimWorkers, SimStore]:
+    """The simulated cluster, workers and checkpoint store for the scenario's state move: its
+    own step because the two moves pair different worker and store kinds."""
+    cluster = SimCluster(
+        clock,
+        list(scenario.nodes),
+        scenario.trace,
+        detect_s=scenario.costs.detect_s,
+        replace_after_s=scenario.replace_after_s,
+    )
+    workers: SimWorkers
+    store: SimStore
+    if scenario.costs.move is StateMove.KEEP_SURVIVORS:  # as the runtime runs now
+        holders = SimHolderWorkers(clock, cluster, scenario.costs)
+        store = holders.store = SimHolderStore(clock, scenario.costs)
+        workers = holders
+    else:
+        workers = SimWorkers(clock, cluster, scenario.costs)
+        store = SimStore(clock, scenario.costs)
+    return cluster, workers, store
+
+
+def _outcome(
+    controller: Controller,
+    clock: SimClock,
+    cluster: SimCluster,
+    workers: SimWorkers,
+    store: SimStore,
+    timed: TimedPlanner,
+    horizon_s: float,
+) -> Outcome:
+    """What the run did, read from the controller's events and the simulated parts' totals
+    (apart from the loop: it reads the run's record and changes nothing)."""
     recoveries = [
         float(seconds)
         for e in controller.events
@@ -169,7 +186,6 @@ def simulate(
         launch_s=list(workers.launch_s),
         checkpoint_write_s=store.write_s_total,
         fetch_s=workers.fetch_s_total,
-        wall_s=time.perf_counter() - started,
     )
 
 

@@ -177,10 +177,3 @@ class Cluster:
 
     def nodes_of_type(self, device_type: str) -> list[Node]:
         return [n for n in self.nodes if n.device_type.name == device_type]
-
-    def link_bandwidth_bytes_per_s(self, node_a: str, node_b: str) -> float:
-        """Point-to-point bandwidth between one device on each node (intra-node when equal)."""
-        a, b = self.node_by_name[node_a], self.node_by_name[node_b]
-        if a.name == b.name:
-            return a.intra_node_bandwidth_bytes_per_s
-        return min(a.inter_node_bandwidth_bytes_per_s, b.inter_node_bandwidth_bytes_per_s)

@@ -297,11 +297,3 @@ class JobSpec(BaseModel):
         """A path in the job file, relative to the job file's directory unless absolute."""
         p = Path(value)
         return p if p.is_absolute() else Path(job_file).parent / p
-
-
-def split_import_path(import_path: str) -> tuple[str, str]:
-    """``"pkg.mod:fn"`` -> ``("pkg.mod", "fn")``."""
-    if not re.match(IMPORT_PATH_PATTERN, import_path):
-        raise ValueError(f"{import_path!r} is not of the form package.module:function")
-    module, _, attr = import_path.partition(":")
-    return module, attr

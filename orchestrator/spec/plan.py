@@ -36,10 +36,6 @@ class Sharding(StrEnum):
     FULL = "full"  # ZeRO-3: optimizer state, gradients and parameters
 
     @property
-    def shards_optimizer(self) -> bool:
-        return self is not Sharding.NONE
-
-    @property
     def shards_gradients(self) -> bool:
         return self in (Sharding.GRADIENTS, Sharding.FULL)
 

@@ -45,6 +45,13 @@ import ray
 
 from orchestrator.control.ports import WarmStatus, WorkerLost
 from orchestrator.runtime.discovery import discover_nodes
+from orchestrator.runtime.elastic.moves import (
+    LayerMoves,
+    assign,
+    broken_shard_holders,
+    live_copies,
+    route_layers,
+)
 from orchestrator.runtime.elastic.warm import WarmActor, WarmPool, remove_placed
 from orchestrator.runtime.elastic.worker import ElasticWorkerActor
 from orchestrator.runtime.group import WorkerGroup, WorkerInfo
@@ -61,9 +68,7 @@ from orchestrator.spec.plan import Plan
 from orchestrator.spec.reports import StepReport
 from orchestrator.worker.topology import (
     RankSpec,
-    layer_copies,
     ranks_for_plan,
-    shard_groups,
     whole_layers,
 )
 
@@ -171,27 +176,54 @@ class ElasticWorkerGroup(WorkerGroup):
         self._nodes = discover_nodes()
         validate_plan_for_cluster(plan, self._nodes, num_planner_layers)
         alive = self._survivors(dead_ranks)
-        survivors_s = time.perf_counter() - started_s
+        seconds = {"survivors_s": time.perf_counter() - started_s}
         if keep_state:
-            # A shard group's update ends in collectives among its sharded holders, so the
-            # survivors settle the committed update together, before anything moves; a holder
-            # whose shard group lost a rank cannot, and its state is not used.
-            broken = _broken_shard_holders(self.plan, alive)
-            settle = {r: self._actors[r].settle.remote(committed_steps) for r in alive - broken}
-            self._gather("settle the committed update", settle, self.options.step_timeout_s)
-            alive -= broken
+            alive -= self._settle(self.plan, alive, committed_steps)
         # What each survivor may keep in place: the layers it holds whole by itself.
         held = {r: whole_layers(self.plan, r) for r in alive}
-        copies = _live_copies(self.plan, alive)
-        lost = sorted(layer for layer, options in copies.items() if not options)
-        if keep_state and lost:  # checked before anything is placed or moved
-            raise WorkerLost(
-                tuple(sorted(dead_ranks)), (), f"planner layers {lost} have no live copy"
-            )
+        copies = _copies_left(self.plan, alive, dead_ranks, keep_state)
         new_ranks = ranks_for_plan(plan)
         requests = bundle_requests(slots_for_plan(plan), self._nodes)
-        chosen = _assign(new_ranks, requests, self._nodes, alive, self.workers, held)
-        # Place the actors the new plan still needs (survivors it does not use go after exports).
+        chosen = assign(new_ranks, requests, self._nodes, alive, self.workers, held)
+        unused = self._drop_idle(alive, chosen, seconds)
+        plan_json = plan.model_dump_json()
+        members = self._members(new_ranks, requests, chosen, plan_json, seconds)
+        exports_s = time.perf_counter()
+        if keep_state:
+            moves = route_layers(new_ranks, chosen, held, copies)
+            incoming = self._export(new_ranks, moves, committed_steps)
+        else:
+            moves, incoming = _from_checkpoint(new_ranks, checkpoint_states)
+        seconds["exports_s"] = time.perf_counter() - exports_s
+        for old in sorted(unused):
+            self._drop(old)
+        self._actors, self.workers, self._pgs = members.filled()
+        self.plan, self.ranks = plan, new_ranks
+        # Settled above, or (from the checkpoint) not needed: every pending update is dropped.
+        join_s = time.perf_counter()
+        keep = [keep_state] * len(new_ranks)
+        infos = self._join(plan_json, keep, incoming, committed_steps if keep_state else 0)
+        seconds["join_s"] = time.perf_counter() - join_s
+        self.next_step = start_step
+        self.last_reform = _report(infos, moves, len(chosen), members, started_s, seconds)
+        return self.last_reform
+
+    def _settle(self, old_plan: Plan, alive: set[int], committed_steps: int) -> set[int]:
+        """Have the survivors settle the committed update; returns those whose state is unusable.
+
+        A shard group's update ends in collectives among its sharded holders, so the survivors
+        settle it together, before anything moves; a holder whose shard group lost a rank
+        cannot, and its state is not used."""
+        broken = broken_shard_holders(old_plan, alive)
+        settle = {r: self._actors[r].settle.remote(committed_steps) for r in alive - broken}
+        self._gather("settle the committed update", settle, self.options.step_timeout_s)
+        return broken
+
+    def _drop_idle(
+        self, alive: set[int], chosen: Mapping[int, int], seconds: dict[str, float]
+    ) -> set[int]:
+        """Stop the actors the new plan does not use that are no survivors; returns the
+        survivors it does not use (stopped after the exports, as they may send layers)."""
         unused = set(range(len(self._actors))) - set(chosen.values())
         # Actors that are no survivors (stuck on a dead peer, say) hold no state to export but
         # still hold their node's slot: stop them first, or a new actor for that node waits for
@@ -199,103 +231,58 @@ class ElasticWorkerGroup(WorkerGroup):
         drop_s = time.perf_counter()
         for old in sorted(unused - alive):
             self._drop(old)
-        drop_s = time.perf_counter() - drop_s
-        unused &= alive
+        seconds["drop_s"] = time.perf_counter() - drop_s
+        return unused & alive
+
+    def _members(
+        self,
+        new_ranks: Sequence[RankSpec],
+        requests: Sequence[BundleRequest],
+        chosen: Mapping[int, int],
+        plan_json: str,
+        seconds: dict[str, float],
+    ) -> _Members:
+        """The new plan's actor per rank: the survivor ``chosen`` for it, else a warm joiner
+        started ahead (``prepare``), else a new actor placed and started now."""
         missing = [spec.rank for spec in new_ranks if spec.rank not in chosen]
-        plan_json = plan.model_dump_json()
-        actors: list[Any] = [None] * len(new_ranks)
-        workers: list[WorkerInfo | None] = [None] * len(new_ranks)
-        pgs: list[PlacedGroup | None] = [None] * len(new_ranks)
+        n = len(new_ranks)
+        out = _Members([None] * n, [None] * n, [None] * n)
         # Ranks a warm joiner was started for take it; only the others start actors now.
         warm = self._claim_warm(missing, requests)
         for new, w in warm.items():
-            actors[new], pgs[new] = w.actor, w.placed
-            workers[new] = replace(w.info, rank=new, device_type=new_ranks[new].device_type)
+            out.actors[new], out.pgs[new] = w.actor, w.placed
+            out.workers[new] = replace(w.info, rank=new, device_type=new_ranks[new].device_type)
         self.drop_warm()  # joiners this plan does not use
         missing = [r for r in missing if r not in warm]
         placed_s = time.perf_counter()
         fresh_pgs = place_each([requests[r] for r in missing], self.options.placement_timeout_s)
         for new, old in chosen.items():
-            actors[new], pgs[new] = self._actors[old], self._pgs[old]
+            out.actors[new], out.pgs[new] = self._actors[old], self._pgs[old]
             kept = self.workers[old]
-            workers[new] = WorkerInfo(
-                new,
-                kept.node_id,
-                kept.node_name,
-                new_ranks[new].device_type,
-                kept.slowdown_factor,
-                kept.emulated,
-            )
+            out.workers[new] = replace(kept, rank=new, device_type=new_ranks[new].device_type)
         for new, placed in zip(missing, fresh_pgs, strict=True):
-            actors[new], workers[new] = self._spawn(new_ranks[new], placed, plan_json)
-            pgs[new] = placed
-        placed_s = time.perf_counter() - placed_s
-        exports_s = time.perf_counter()
-        # Who sends what: each layer from a survivor holding it, exported before anyone re-forms.
+            out.actors[new], out.workers[new] = self._spawn(new_ranks[new], placed, plan_json)
+            out.pgs[new] = placed
+        seconds["place_and_start_s"] = time.perf_counter() - placed_s
+        out.warm, out.started = len(warm), len(missing)
+        return out
+
+    def _export(
+        self, new_ranks: Sequence[RankSpec], moves: LayerMoves, committed_steps: int
+    ) -> list[list[Any]]:
+        """Have each survivor export the layers ``moves`` routes from it; per new rank, the
+        references it receives. Every export is done before any holder re-forms (a holder may
+        be a receiver too)."""
         incoming: list[list[Any]] = [[] for _ in new_ranks]
-        keep = [False] * len(new_ranks)
-        layers_moved = layers_kept = 0
         exports: list[Any] = []
-        if keep_state:
-            for spec in new_ranks:
-                keep[spec.rank] = True
-                # An actor keeps only layers it holds whole, and only at tp 1 (a tensor-parallel
-                # rank re-cuts every layer it holds from the whole state).
-                own = held.get(chosen.get(spec.rank, -1), set()) if spec.tp == 1 else set()
-                need: dict[int, list[int]] = {}
-                for layer in spec.layer_indices:
-                    if layer in own:
-                        layers_kept += 1
-                        continue
-                    options = copies[layer]
-                    for source in options[spec.rank % len(options)]:  # spread the load
-                        need.setdefault(source, []).append(layer)
-                    layers_moved += 1
-                for source, layers in sorted(need.items()):
-                    ref = self._actors[source].export_layers.remote(committed_steps, layers)
-                    exports.append(ref)
-                    incoming[spec.rank].append(ref)
-            if exports:  # every export done before a holder re-forms (it may be a receiver too)
-                self._gather("export layers", dict(enumerate(exports)), self.options.step_timeout_s)
-        elif checkpoint_states:
-            put = {layer: ray.put({layer: st}) for layer, st in checkpoint_states.items()}
-            for spec in new_ranks:
-                incoming[spec.rank] = [put[layer] for layer in spec.layer_indices]
-                layers_moved += len(spec.layer_indices)
-        exports_s = time.perf_counter() - exports_s
-        for old in sorted(unused):
-            self._drop(old)
-        self._actors = actors
-        self.workers = [w for w in workers if w is not None]
-        self._pgs = [p for p in pgs if p is not None]
-        self.plan, self.ranks = plan, new_ranks
-        # Settled above, or (from the checkpoint) not needed: every pending update is dropped.
-        join_s = time.perf_counter()
-        infos = self._join(plan_json, keep, incoming, committed_steps if keep_state else 0)
-        join_s = time.perf_counter() - join_s
-        self.next_step = start_step
-        slowest = {
-            part: max(float(i.get(part, 0.0)) for i in infos.values())
-            for part in ("build_s", "load_s", "rendezvous_s")
-        }
-        self.last_reform = ReformReport(
-            bytes_moved=sum(int(i["bytes_in"]) for i in infos.values()),
-            layers_moved=layers_moved,
-            layers_kept=layers_kept,
-            actors_kept=len(chosen),
-            actors_started=len(missing),
-            duration_s=time.perf_counter() - started_s,
-            actors_warm=len(warm),
-            seconds={
-                "survivors_s": survivors_s,
-                "drop_s": drop_s,
-                "place_and_start_s": placed_s,
-                "exports_s": exports_s,
-                "join_s": join_s,
-                **slowest,
-            },
-        )
-        return self.last_reform
+        for spec in new_ranks:
+            for source, layers in sorted(moves.sources[spec.rank].items()):
+                ref = self._actors[source].export_layers.remote(committed_steps, layers)
+                exports.append(ref)
+                incoming[spec.rank].append(ref)
+        if exports:
+            self._gather("export layers", dict(enumerate(exports)), self.options.step_timeout_s)
+        return incoming
 
     # -- joiners warmed ahead of a switch ----------------------------------------------------
 
@@ -310,7 +297,7 @@ class ElasticWorkerGroup(WorkerGroup):
         requests = bundle_requests(slots_for_plan(plan), self._nodes)
         alive = set(range(len(self._actors)))
         held = {r: whole_layers(self.plan, r) for r in alive}
-        chosen = _assign(new_ranks, requests, self._nodes, alive, self.workers, held)
+        chosen = assign(new_ranks, requests, self._nodes, alive, self.workers, held)
         plan_json = plan.model_dump_json()
         earlier, self._warm = self._warm, WarmPool()
         for spec in new_ranks:
@@ -533,47 +520,70 @@ def deadline_hits(deadlines: Mapping[str, float], nodes: set[str], step_ends_s: 
     return {n for n, deadline in deadlines.items() if n in nodes and deadline <= step_ends_s}
 
 
-def _assign(
-    new_ranks: Sequence[RankSpec],
-    requests: Sequence[BundleRequest],
-    nodes: Sequence[Any],
-    alive: set[int],
-    workers: Sequence[WorkerInfo],
-    held: Mapping[int, set[int]],
-) -> dict[int, int]:
-    """New rank -> surviving old rank that runs it: a node the rank may use, most layers held."""
-    node_type = {n.node_id: n.device_type for n in nodes}
-    free = set(alive)
-    out: dict[int, int] = {}
-    for spec, request in zip(new_ranks, requests, strict=True):
-        pin = request.label_selector.get(NODE_ID_LABEL)
-        fits = [
-            old
-            for old in free
-            if node_type.get(workers[old].node_id) == spec.device_type
-            and (pin is None or workers[old].node_id == pin)
-        ]
-        if not fits:
-            continue
-        best = max(fits, key=lambda old: (len(held[old] & set(spec.layer_indices)), -old))
-        out[spec.rank] = best
-        free.discard(best)
-    return out
+@dataclass
+class _Members:
+    """The new plan's actors, workers and placement groups by rank, and how many were warm or
+    started (``None`` only while :meth:`ElasticWorkerGroup._members` fills them)."""
+
+    actors: list[Any]
+    workers: list[WorkerInfo | None]
+    pgs: list[PlacedGroup | None]
+    warm: int = 0
+    started: int = 0
+
+    def filled(self) -> tuple[list[Any], list[WorkerInfo], list[PlacedGroup]]:
+        """The actors, workers and placement groups, every rank's filled."""
+        workers = [w for w in self.workers if w is not None]
+        return self.actors, workers, [p for p in self.pgs if p is not None]
 
 
-def _broken_shard_holders(plan: Plan, alive: set[int]) -> set[int]:
-    """Live sharded holders of a shard group that lost a sharded holder."""
-    out: set[int] = set()
-    for group in shard_groups(plan):
-        members = set(group.sharded)
-        if members - alive:
-            out |= members & alive
-    return out
+def _copies_left(
+    old_plan: Plan, alive: set[int], dead_ranks: set[int], keep_state: bool
+) -> dict[int, list[tuple[int, ...]]]:
+    """The live copies of each layer; with ``keep_state``, ``WorkerLost`` where a layer has
+    none (checked before anything is placed or moved)."""
+    copies = live_copies(old_plan, alive)
+    lost = sorted(layer for layer, options in copies.items() if not options)
+    if keep_state and lost:
+        raise WorkerLost(tuple(sorted(dead_ranks)), (), f"planner layers {lost} have no live copy")
+    return copies
 
 
-def _live_copies(plan: Plan, alive: set[int]) -> dict[int, list[tuple[int, ...]]]:
-    """Planner layer -> the copies of it (``topology.layer_copies``) whose ranks all survive."""
-    return {
-        layer: [c for c in copies if set(c) <= alive]
-        for layer, copies in layer_copies(plan).items()
+def _from_checkpoint(
+    new_ranks: Sequence[RankSpec], checkpoint_states: Mapping[int, Any] | None
+) -> tuple[LayerMoves, list[list[Any]]]:
+    """Every layer from the checkpoint's states, put once in the object store (none: the
+    seed); per new rank, the references it receives."""
+    moves = LayerMoves([{} for _ in new_ranks])
+    incoming: list[list[Any]] = [[] for _ in new_ranks]
+    if checkpoint_states:
+        put = {layer: ray.put({layer: st}) for layer, st in checkpoint_states.items()}
+        for spec in new_ranks:
+            incoming[spec.rank] = [put[layer] for layer in spec.layer_indices]
+            moves.moved += len(spec.layer_indices)
+    return moves, incoming
+
+
+def _report(
+    infos: Mapping[int, Mapping[str, Any]],
+    moves: LayerMoves,
+    actors_kept: int,
+    members: _Members,
+    started_s: float,
+    seconds: dict[str, float],
+) -> ReformReport:
+    """The reform's figures, with the slowest actor's engine build, layer load and rendezvous."""
+    slowest = {
+        part: max(float(i.get(part, 0.0)) for i in infos.values())
+        for part in ("build_s", "load_s", "rendezvous_s")
     }
+    return ReformReport(
+        bytes_moved=sum(int(i["bytes_in"]) for i in infos.values()),
+        layers_moved=moves.moved,
+        layers_kept=moves.kept,
+        actors_kept=actors_kept,
+        actors_started=members.started,
+        duration_s=time.perf_counter() - started_s,
+        actors_warm=members.warm,
+        seconds={**seconds, **slowest},
+    )
