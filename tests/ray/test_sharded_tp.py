@@ -148,18 +148,31 @@ def test_replan_between_tp_sharded_and_plain_through_replicas_and_checkpoint(
         group.step()
         assert_matches(group.fetch_layer_states(), want[5], "tp 1 -> tp 2 via replicas")
 
-        # tp 2 -> tp 1 from the checkpoint at step 2 (the steps after it are thrown away).
+        # tp 2 -> tp 1 from the checkpoint at step 2 (the steps after it are thrown away), each
+        # rank reading its own layers' files (the reference the controller resolves).
         group.reform(
             PLAIN,
             dead_ranks=set(),
             committed_steps=5,
             start_step=2,
-            checkpoint_states=store.load(2),
+            checkpoint_states=store.layer_files(2),
             keep_state=False,
         )
         for _ in range(2):
             group.step()
         assert_matches(group.fetch_layer_states(), want[4], "tp 2 -> tp 1 via checkpoint")
+
+        # And tp 1 -> tp 2 and sharded from the same files: each rank cuts its part itself.
+        group.reform(
+            TP_AND_SHARDED,
+            dead_ranks=set(),
+            committed_steps=4,
+            start_step=2,
+            checkpoint_states=store.layer_files(2),
+            keep_state=False,
+        )
+        group.step()
+        assert_matches(group.fetch_layer_states(), want[3], "tp 1 -> tp 2 via checkpoint")
     finally:
         group.stop()
 

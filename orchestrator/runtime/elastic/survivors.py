@@ -14,8 +14,9 @@ needs one new one-bundle group, not a whole new gang.
    actors, survivors left over are stopped.
 3. Each layer a rank needs and its actor does not hold is *exported* by a survivor that holds it
    (``export_layers``) and handed to the new owner as a Ray object reference: the bytes go from
-   actor to actor through Ray's object store, never through the driver. From a checkpoint, the
-   driver reads the checkpoint and puts each layer once.
+   actor to actor through Ray's object store, never through the driver. From a checkpoint's
+   directory, each rank reads its own layers' files (``restore.py``); from the in-memory store,
+   the driver puts each layer once.
 4. Every actor of the new plan destroys its process group and joins a new rendezvous (new store
    address, new world size, new rank map), keeping its layers in memory.
 
@@ -45,6 +46,7 @@ import ray
 
 from orchestrator.control.ports import WarmStatus, WorkerLost
 from orchestrator.runtime.discovery import discover_nodes
+from orchestrator.runtime.elastic.restore import CheckpointSource, checkpoint_incoming
 from orchestrator.runtime.elastic.warm import WarmActor, WarmPool, remove_placed
 from orchestrator.runtime.elastic.worker import ElasticWorkerActor
 from orchestrator.runtime.group import WorkerGroup, WorkerInfo
@@ -157,13 +159,14 @@ class ElasticWorkerGroup(WorkerGroup):
         dead_ranks: set[int],
         committed_steps: int,
         start_step: int,
-        checkpoint_states: Mapping[int, Any] | None = None,
+        checkpoint_states: CheckpointSource | None = None,
         keep_state: bool = True,
     ) -> ReformReport:
         """Move to ``plan`` keeping the surviving actors (see the module docstring).
 
         ``keep_state``: the survivors' layers are at ``committed_steps`` and are kept and moved;
-        otherwise every layer comes from ``checkpoint_states`` (or the seed when None).
+        otherwise every layer comes from ``checkpoint_states`` (or the seed when None): a
+        checkpoint's files each rank reads itself, or states in hand.
         """
         assert self.plan is not None, "reform() before launch()"
         started_s = time.perf_counter()
@@ -257,11 +260,8 @@ class ElasticWorkerGroup(WorkerGroup):
                     incoming[spec.rank].append(ref)
             if exports:  # every export done before a holder re-forms (it may be a receiver too)
                 self._gather("export layers", dict(enumerate(exports)), self.options.step_timeout_s)
-        elif checkpoint_states:
-            put = {layer: ray.put({layer: st}) for layer, st in checkpoint_states.items()}
-            for spec in new_ranks:
-                incoming[spec.rank] = [put[layer] for layer in spec.layer_indices]
-                layers_moved += len(spec.layer_indices)
+        elif checkpoint_states:  # the ranks read a checkpoint's files themselves (restore.py)
+            layers_moved = checkpoint_incoming(checkpoint_states, new_ranks, incoming)
         exports_s = time.perf_counter() - exports_s
         for old in sorted(unused):
             self._drop(old)
