@@ -24,6 +24,7 @@ from ray_plans import GLOBAL_BATCH, NUM_PLANNER_LAYERS, tiny_job
 
 from orchestrator.runtime.elastic.checkpoints import DirCheckpointStore
 from orchestrator.runtime.elastic.group_port import write_by_holders
+from orchestrator.runtime.elastic.restore import launch_group
 from orchestrator.runtime.elastic.survivors import ElasticWorkerGroup
 from orchestrator.runtime.group import WorkerGroup
 from orchestrator.spec.plan import Plan
@@ -175,6 +176,16 @@ def test_replan_between_tp_sharded_and_plain_through_replicas_and_checkpoint(
         assert_matches(group.fetch_layer_states(), want[3], "tp 1 -> tp 2 via checkpoint")
     finally:
         group.stop()
+
+    # A fresh group (a restarted driver) from the same files: launched without states, each
+    # tp-1 rank reads its own layers, the tp stage's first rank reads the stage's once.
+    fresh = ElasticWorkerGroup(tiny_job())
+    try:
+        launch_group(fresh, TP_AND_SHARDED, store.layer_files(2), 2)
+        fresh.step()
+        assert_matches(fresh.fetch_layer_states(), want[3], "fresh tp 2 / sharded via checkpoint")
+    finally:
+        fresh.stop()
 
 
 # Three whole-model replicas with parameters, gradients and optimizer state sharded (ZeRO-3),

@@ -21,6 +21,7 @@ from orchestrator.runtime.elastic.restore import (
     checkpoint_errors,
     checkpoint_incoming,
     launch_group,
+    read_by_holders,
     resolve_incoming,
 )
 from orchestrator.runtime.elastic.worker import ElasticWorker
@@ -90,7 +91,9 @@ class Handle:
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.worker, name)
-        return type("M", (), {"remote": staticmethod(method)})()
+        call = type("M", (), {"remote": staticmethod(method)})()
+        call.options = lambda **_: call  # num_returns=2: the method's tuple is the two refs
+        return call
 
 
 class FakeGroup:
@@ -178,7 +181,7 @@ def test_a_reform_sends_each_rank_only_the_reference_to_its_layers(store: NoLoad
     assert isinstance(source, LayerFiles)
     ranks = ranks_for_plan(PLAN)
     incoming: list[list[Any]] = [[] for _ in ranks]
-    assert checkpoint_incoming(source, ranks, incoming) == 2 + 2 + 4
+    assert checkpoint_incoming(source, ranks, incoming, actors=[]) == 2 + 2 + 4
     for spec in ranks:
         (ref,) = incoming[spec.rank]
         assert isinstance(ref, LayerFiles) and sorted(ref.files) == list(spec.layer_indices)
@@ -204,6 +207,65 @@ def test_restored_through_the_ranks_equals_the_controllers_read(store: NoLoadSto
                 engine.layers[i](x).sum().backward()
                 engine.optimizers[i].step()
         assert_same(new._engine.get_layer_states(), old.get_layer_states())
+
+
+class Recorder:
+    """A rank's actor that records what it reads and is given (its engine at tp 2 is not
+    needed for who reads what)."""
+
+    def __init__(self, rank: int, log: list[tuple[str, int, Any]]) -> None:
+        self.rank, self.log = rank, log
+
+    def read_checkpoint_layers(self, files: LayerFiles) -> tuple[Any, int]:
+        self.log.append(("read", self.rank, sorted(files.files)))
+        return ElasticWorker.read_checkpoint_layers(self, files)  # type: ignore[arg-type]
+
+    def load_checkpoint_layers(self, files: LayerFiles) -> int:
+        self.log.append(("read+load", self.rank, sorted(files.files)))
+        return 1
+
+    def set_layer_states(self, states: dict[int, Any]) -> None:
+        self.log.append(("load", self.rank, states))
+
+
+TP_PLAN = Plan.model_validate(
+    {
+        "global_batch_size": 2,
+        "microbatch_size": 1,
+        "replicas": [
+            {
+                "batch_size": 2,
+                "stages": [
+                    {"layers": [0, 1], "device_type": "A"},
+                    {"layers": [1, 4], "device_type": "A", "tp": 2},
+                ],
+            }
+        ],
+    }
+)
+
+
+def test_a_tp_stage_reads_its_files_once_for_all_its_ranks(store: NoLoadStore) -> None:
+    source = port_on(store)._states_for(restore())
+    assert isinstance(source, LayerFiles)
+    ranks = ranks_for_plan(TP_PLAN)
+    assert [s.tp for s in ranks] == [1, 2, 2]
+    log: list[tuple[str, int, Any]] = []
+    group = FakeGroup()
+    group.ranks, group._actors = ranks, [Handle(Recorder(r, log)) for r in range(3)]  # type: ignore[arg-type]
+    read_by_holders(group, source, 5.0)
+    reads = [(kind, rank, what) for kind, rank, what in log if kind != "load"]
+    assert reads == [("read+load", 0, [0]), ("read", 1, [1, 2, 3])]  # once per copy
+    loads = {rank: what for kind, rank, what in log if kind == "load"}
+    assert sorted(loads) == [1, 2] and loads[1] is loads[2]  # one object for the stage
+    saved = DirCheckpointStore(store.root).load(STEP)
+    assert_same(loads[1], {i: saved[i] for i in (1, 2, 3)})
+    # A re-formation into the same plan: the tp ranks are sent the reader's one object.
+    log.clear()
+    incoming: list[list[Any]] = [[] for _ in ranks]
+    checkpoint_incoming(source, ranks, incoming, group._actors)
+    assert [kind for kind, _, _ in log] == ["read"]
+    assert isinstance(incoming[0][0], LayerFiles) and incoming[1][0] is incoming[2][0]
 
 
 def test_a_corrupt_layer_file_is_refused_by_the_rank_naming_it(store: NoLoadStore) -> None:

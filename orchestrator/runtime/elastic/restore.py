@@ -10,6 +10,13 @@ as any state given to it is cut (``set_layer_states``; in a re-formation, ``Elas
 No layer's bytes pass through the controller; the checkpoint directory must be storage every
 worker sees, as for writing.
 
+Each copy of a layer is read from storage once: a rank at tp 1 reads its own files, and the
+ranks of a tensor-parallel stage (one node) have the stage's first rank read the stage's files
+once (``ElasticWorker.read_checkpoint_layers``); the whole states it read go to every rank of the
+stage as one Ray object, from that node's object store, never through the controller (which
+holds only the reference). Without that, each of a tp-8 stage's ranks would read the same files
+from storage: eight times the bytes.
+
 The in-memory store (:class:`~orchestrator.runtime.elastic.checkpoints.MemoryCheckpointStore`)
 has no files: its states are in the controller's memory already and go from there to the ranks
 (one Ray object per layer), as before.
@@ -78,28 +85,63 @@ def launch_group(
     return workers
 
 
+def tp_stages(ranks: Sequence[RankSpec]) -> dict[int, RankSpec]:
+    """The reader of each tensor-parallel stage (its first rank) -> its spec."""
+    return {min(s.stage_ranks): s for s in ranks if s.tp > 1 and s.rank == min(s.stage_ranks)}
+
+
+def read_once(actor: Any, source: LayerFiles, spec: RankSpec) -> tuple[Any, Any]:
+    """``actor`` reads ``spec``'s layers of ``source`` once: (Ray reference of the whole states,
+    reference of the bytes read). The states stay in the reader's node's object store until the
+    stage's ranks take them; the controller holds only the references."""
+    refs = actor.read_checkpoint_layers.options(num_returns=2).remote(
+        source.for_layers(spec.layer_indices)
+    )
+    return refs[0], refs[1]
+
+
 def read_by_holders(group: Any, source: LayerFiles, timeout_s: float) -> dict[int, int]:
-    """Every rank of the launched ``group`` reads, verifies and loads its own layers of
-    ``source`` (``ElasticWorker.load_checkpoint_layers``). Returns rank -> bytes it read."""
-    refs = {
-        spec.rank: group._actors[spec.rank].load_checkpoint_layers.remote(
+    """Every rank of the launched ``group`` loads its layers of ``source``, each copy read
+    and verified once by the rank that holds it (``ElasticWorker.load_checkpoint_layers``) or,
+    for a tensor-parallel stage, by the stage's first rank for all its ranks. Returns reading
+    rank -> bytes it read."""
+    actors = group._actors
+    reads = {
+        spec.rank: actors[spec.rank].load_checkpoint_layers.remote(
             source.for_layers(spec.layer_indices)
         )
         for spec in group.ranks
+        if spec.tp == 1
     }
-    got = group._gather("read checkpoint layers", refs, timeout_s)
+    loads = {}
+    for reader, spec in tp_stages(group.ranks).items():
+        states, reads[reader] = read_once(actors[reader], source, spec)
+        for r in spec.stage_ranks:  # each cuts its own part of the whole states
+            loads[r] = actors[r].set_layer_states.remote(states)
+    got = group._gather("read checkpoint layers", reads, timeout_s)
+    group._gather("load checkpoint layers", loads, timeout_s)
     return {rank: int(n) for rank, n in got.items()}
 
 
 def checkpoint_incoming(
-    source: CheckpointSource, new_ranks: Sequence[RankSpec], incoming: list[list[Any]]
+    source: CheckpointSource,
+    new_ranks: Sequence[RankSpec],
+    incoming: list[list[Any]],
+    actors: Sequence[Any],
 ) -> int:
     """Fill ``incoming`` (new rank -> what it is sent) for a re-formation from the checkpoint:
-    each rank the reference naming its layers, or, for states in hand, one Ray object per layer
+    a rank at tp 1 the reference naming its layers (it reads them), the ranks of a
+    tensor-parallel stage the Ray object of the states their first rank reads once
+    (``actors``: the new plan's actors by rank); for states in hand, one Ray object per layer
     (put once, shared by its holders). Returns how many layer copies are loaded."""
     if isinstance(source, LayerFiles):
         for spec in new_ranks:
-            incoming[spec.rank] = [source.for_layers(spec.layer_indices)]
+            if spec.tp == 1:
+                incoming[spec.rank] = [source.for_layers(spec.layer_indices)]
+        for reader, spec in tp_stages(new_ranks).items():
+            states, _bytes = read_once(actors[reader], source, spec)
+            for r in spec.stage_ranks:
+                incoming[r] = [states]
     else:
         import ray
 
@@ -127,7 +169,17 @@ def checkpoint_errors() -> Iterator[None]:
     try:
         yield
     except WorkerFailedError as exc:
-        cause = getattr(exc.__cause__, "cause", None)
-        if isinstance(cause, CheckpointError):
+        cause = _checkpoint_cause(exc.__cause__)
+        if cause is not None:
             raise CheckpointError(f"rank {exc.rank} reading the checkpoint: {cause}") from None
         raise
+
+
+def _checkpoint_cause(exc: BaseException | None) -> CheckpointError | None:
+    """The ``CheckpointError`` behind a Ray task error (a rank's own, or the one its stage's
+    reader raised, wrapped once more by the rank that waited for it)."""
+    for _ in range(8):  # a few wrappings at most
+        if exc is None or isinstance(exc, CheckpointError):
+            return exc
+        exc = getattr(exc, "cause", None) or exc.__cause__
+    return None

@@ -261,7 +261,7 @@ class ElasticWorkerGroup(WorkerGroup):
             if exports:  # every export done before a holder re-forms (it may be a receiver too)
                 self._gather("export layers", dict(enumerate(exports)), self.options.step_timeout_s)
         elif checkpoint_states:  # the ranks read a checkpoint's files themselves (restore.py)
-            layers_moved = checkpoint_incoming(checkpoint_states, new_ranks, incoming)
+            layers_moved = checkpoint_incoming(checkpoint_states, new_ranks, incoming, actors)
         exports_s = time.perf_counter() - exports_s
         for old in sorted(unused):
             self._drop(old)

@@ -158,6 +158,15 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         self._engine.set_layer_states(states)
         return _nbytes(states)
 
+    def read_checkpoint_layers(self, files: Any) -> tuple[dict[int, dict[str, Any]], int]:
+        """Read and verify the layers ``files`` names (as :meth:`load_checkpoint_layers`)
+        without loading them: (whole states, bytes read), for a tensor-parallel stage's ranks
+        to take from this node's object store (called with two returns; needs no engine)."""
+        from orchestrator.worker.checkpoint import read_layer_files
+
+        states = read_layer_files(files)
+        return states, _nbytes(states)
+
     def warm(self, plan_json: str, rank: int) -> dict[str, Any]:
         """Import torch and build the engine of ``rank`` in ``plan_json`` without joining any
         process group, for a later :meth:`reform` into that rank to adopt. Returns the seconds
