@@ -10,7 +10,8 @@ cluster, scaled by the model in orchestrator/sim/costs.py. Printed per scenario:
 
 - goodput: committed samples per second over the same run without failures, for our controller
   with state moved as the runtime does now (survivors kept and re-formed in ``--reform-s``, 1.35 s
-  measured; only layers new to a node move, actor to actor; holders write the checkpoints), for
+  measured; only layers new to a node move, actor to actor; holders write the checkpoints and
+  read their own layers back for a restore, ``--restore-via-controller`` for the model before), for
   the runtime as it was before, as a labelled comparison (every layer through the controller, a
   new group started from scratch), and for checkpoint-restart (Ray Train v2's measured restart
   and lost work, restart.py);
@@ -31,7 +32,7 @@ import statistics
 from dataclasses import replace
 
 from orchestrator.control.planning import MakePlanPlanner
-from orchestrator.sim.costs import MEASURED_REFORM_S, CostModel, StateMove
+from orchestrator.sim.costs import MEASURED_REFORM_S, CostModel, RestoreRead, StateMove
 from orchestrator.sim.planner import PlanCache, TimedPlanner
 from orchestrator.sim.restart import RestartModel, simulate_restart
 from orchestrator.sim.run import Outcome, Scenario, goodput, simulate
@@ -76,7 +77,15 @@ def main() -> None:
     parser.add_argument("--checkpoint-min", type=float, default=15.0)
     parser.add_argument("--reform-s", type=float, default=MEASURED_REFORM_S)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--restore-via-controller",
+        action="store_true",
+        help="ours restores a checkpoint through the controller (the runtime before its "
+        "ranks read their own files; a labelled comparison)",
+    )
     args = parser.parse_args()
+    restore_read = RestoreRead.CONTROLLER if args.restore_via_controller else RestoreRead.HOLDERS
+    print(f"ours: checkpoint restores read by the {restore_read.value}")
 
     print(
         f"{'GPUs':>6} {'rate':>6} {'days':>5} {'fail':>5} {'ours':>11} "
@@ -90,7 +99,9 @@ def main() -> None:
             global_batch_size=max(256, gpus // 2), microbatch_sizes=[1, 2, 4, 8]
         )
         planner = MakePlanPlanner(MODEL, training)
-        ours = CostModel.for_model(MODEL, training, reform_s=args.reform_s)
+        ours = CostModel.for_model(
+            MODEL, training, reform_s=args.reform_s, restore_read=restore_read
+        )
         old = CostModel.for_model(MODEL, training, move=StateMove.THROUGH_CONTROLLER)
         cache: PlanCache = {}  # plans per cluster shape, shared by every run here
         first = TimedPlanner(planner, lambda _s: None, cache=cache)(_snapshot(nodes), {})
@@ -172,9 +183,17 @@ def _details(ours: Outcome, old: Outcome, step_s: float, interval: int) -> None:
             f"{statistics.median(run.moved_bytes) / 1e9:.0f} GB"
         )
 
+    restores = ours.checkpoint_launch_s
+    from_checkpoint = (
+        f"{len(restores)} restores from the checkpoint (median "
+        f"{statistics.median(restores):.1f} s, {sum(restores):.0f} s in all)"
+        if restores
+        else "no restore from the checkpoint"
+    )
     print(
         f"       step {step_s:.2f} s, checkpoint every {interval} steps; ours: "
-        f"{ours.failures} failures, {ours.switches} switches, {launches(ours)}, checkpoints "
+        f"{ours.failures} failures, {ours.switches} switches, {launches(ours)}, "
+        f"{from_checkpoint}, checkpoints "
         f"{ours.checkpoint_write_s:.0f} s in all; old: {launches(old)}, checkpoint writes "
         f"{old.checkpoint_write_s:.0f} s and reads through the controller {old.fetch_s:.0f} s; "
         f"simulated in {ours.wall_s + old.wall_s:.0f} s"

@@ -8,8 +8,13 @@ Every constant is a measured figure of this project on the local cluster or a st
   measured); a layer moves only to a node that did not hold it before, actor to actor, all nodes
   receiving in parallel; checkpoints are written by the layers' holders (each layer by its
   lowest-replica holder), bounded by the busiest writer node's link and the storage's aggregate
-  bandwidth. A restore from a checkpoint is still read by the controller and sent to every rank
-  (the port loads it and hands each rank its layers), so it crosses the controller's link.
+  bandwidth. A restore from a checkpoint is read by the new holders themselves
+  (``runtime/elastic/restore.py``): every copy of a layer is read by its holder (a
+  tensor-parallel stage's once, by its first rank), all in parallel, so the read is bounded by
+  the storage's aggregate bandwidth for all the bytes read and by the busiest reader node's link
+  (``RestoreRead.HOLDERS``). ``RestoreRead.CONTROLLER`` keeps the
+  model of the runtime before that change, as a labelled comparison: the controller reads the
+  checkpoint once and sends every rank its layers through its own link.
 - ``THROUGH_CONTROLLER`` is how the runtime worked before, kept as a labelled comparison: every
   layer read after a failure or for a checkpoint is sent to the controller process, and every
   rank of a new worker group receives its layers from it, so every byte crosses the controller
@@ -54,6 +59,13 @@ class StateMove(StrEnum):
     KEEP_SURVIVORS = "keep-survivors"
 
 
+class RestoreRead(StrEnum):
+    """Who reads a checkpoint for a restore when survivors are kept."""
+
+    HOLDERS = "holders"  # each rank its own layers' files (the runtime now)
+    CONTROLLER = "controller"  # the controller reads and sends every rank its layers (before)
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Seconds charged to the simulated clock for each operation of the worker-group port."""
@@ -65,6 +77,7 @@ class CostModel:
     reform_s: float = MEASURED_REFORM_S
     link_bytes_per_s: float = LINK_BYTES_PER_S
     storage_bytes_per_s: float = STORAGE_BYTES_PER_S
+    restore_read: RestoreRead = RestoreRead.HOLDERS
 
     @classmethod
     def for_model(cls, model: ModelSpec, training: TrainingSpec, **fields: object) -> CostModel:
@@ -109,13 +122,22 @@ class CostModel:
         starts from scratch and every rank's layers leave the controller (which reads the
         checkpoint first when restoring one). Keeping survivors, the group re-forms; from
         replicas only the layer copies new to a node move, nodes receiving in parallel; from a
-        checkpoint the controller reads it and sends every rank its layers (as the port does). A
+        checkpoint every rank reads its own layers' files (:meth:`holder_read_s`; with
+        ``RestoreRead.CONTROLLER``, the controller reads it and sends every rank its layers). A
         fresh start initialises every layer from the seed where it runs: nothing moves.
         """
         fresh_group = self.move is StateMove.THROUGH_CONTROLLER or old is None
         start_s = self.group_start_s if fresh_group else self.reform_s
         if source is RestoreKind.FRESH:
             return start_s, 0.0
+        holders_read = (
+            source is RestoreKind.CHECKPOINT
+            and self.move is StateMove.KEEP_SURVIVORS
+            and self.restore_read is RestoreRead.HOLDERS
+        )
+        if holders_read:
+            by_node = self.read_bytes_by_node(new)
+            return start_s + self.holder_read_s(by_node), sum(by_node.values())
         if source is RestoreKind.CHECKPOINT or self.move is StateMove.THROUGH_CONTROLLER:
             moved = self.total_bytes(new)
             read_s = (
@@ -127,6 +149,13 @@ class CostModel:
         by_node = self.bytes_new_by_node(old, new)
         slowest = max(by_node.values(), default=0.0)
         return start_s + slowest / self.link_bytes_per_s, sum(by_node.values())
+
+    def holder_read_s(self, bytes_by_reader_node: Mapping[str, float]) -> float:
+        """Every reader node reading its bytes of a checkpoint at once: the storage's aggregate
+        bandwidth for all of them, or the busiest node's link, whichever takes longer."""
+        total = sum(bytes_by_reader_node.values())
+        busiest = max(bytes_by_reader_node.values(), default=0.0)
+        return max(total / self.storage_bytes_per_s, busiest / self.link_bytes_per_s)
 
     # -- byte counts -------------------------------------------------------------------------
 
@@ -148,6 +177,18 @@ class CostModel:
             moved[node] = sum(self.layer_state_bytes[i] * n for i, n in extra.items())
         return moved
 
+    def read_bytes_by_node(self, plan: Plan) -> dict[str, float]:
+        """Per node: bytes of checkpoint files its ranks read for a restore into ``plan``: each
+        copy of a layer once (a stage's layers, read by its rank, or by the first rank of a
+        tensor-parallel stage for all its ranks on the node; a sharded holder reads the whole
+        layers and cuts its slice), so every replica's copy is read."""
+        out: dict[str, float] = {}
+        for rep in plan.replicas:
+            for stage in rep.stages:
+                a, b = stage.layers
+                node = stage.node or ""
+                out[node] = out.get(node, 0.0) + sum(self.layer_state_bytes[a:b])
+        return out
 
     def writer_bytes_by_node(self, plan: Plan) -> dict[str, float]:
         """Per node: bytes of the layers it writes into a checkpoint, each layer written once by

@@ -65,6 +65,7 @@ class Outcome:
     planner_calls: int
     moved_bytes: list[float]  # per launch
     launch_s: list[float]
+    checkpoint_launch_s: list[float]  # the launches that restored a checkpoint
     checkpoint_write_s: float
     fetch_s: float
     wall_s: float = 0.0  # host seconds the simulation took
@@ -184,6 +185,7 @@ def _outcome(
         planner_calls=len(timed.calls),
         moved_bytes=list(workers.moved_bytes),
         launch_s=list(workers.launch_s),
+        checkpoint_launch_s=list(workers.checkpoint_launch_s),
         checkpoint_write_s=store.write_s_total,
         fetch_s=workers.fetch_s_total,
     )

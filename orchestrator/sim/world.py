@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from orchestrator.control.ports import PlanProposal, WorkerLost
-from orchestrator.control.recovery import CheckpointRef, LayerState, RestoreSource
+from orchestrator.control.recovery import CheckpointRef, LayerState, RestoreKind, RestoreSource
 from orchestrator.sim.costs import CostModel
 from orchestrator.sim.trace import FailureTrace
 from orchestrator.spec.plan import Plan
@@ -185,6 +185,7 @@ class SimWorkers:
         self.last_plan: Plan | None = None  # what the survivors held before a launch
         self.moved_bytes: list[float] = []  # per launch
         self.launch_s: list[float] = []
+        self.checkpoint_launch_s: list[float] = []  # those of them restoring a checkpoint
         self.fetch_s_total = 0.0
 
     def expect(self, proposal: PlanProposal) -> None:
@@ -198,6 +199,8 @@ class SimWorkers:
         self.clock.advance(cost_s)
         self.cluster.update()
         self.launch_s.append(cost_s)
+        if restore.kind is RestoreKind.CHECKPOINT:
+            self.checkpoint_launch_s.append(cost_s)
         self.moved_bytes.append(moved)
         ranks = [stage for rep in plan.replicas for stage in rep.stages]
         self.rank_node = {r: s.node or "" for r, s in enumerate(ranks)}

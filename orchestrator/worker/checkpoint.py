@@ -24,6 +24,11 @@ with what the writers reported (``written``: file -> checksum and size), so that
 process checks sizes and writes the manifest without reading the layers' bytes. The staging
 directory must then be on storage every writer and the committer see (one filesystem on one host;
 shared storage across hosts).
+
+Readers: :func:`load_latest` reads every layer in one process; or one process resolves a
+published checkpoint from its manifest (:func:`layer_files`, no layer read) and hands each reader
+a :class:`LayerFiles` naming its layers, which it reads and verifies itself
+(:func:`read_layer_files`: the same corruption rules as :func:`verify` and :func:`load_latest`).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import logging
 import os
 import secrets
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -229,15 +234,7 @@ def verify(path: Path) -> dict[str, Any]:
     Each checkpoint is hashed once per process: a later call with the same manifest and unchanged
     files returns the cached verdict (see ``_VERIFIED``).
     """
-    try:
-        raw = (path / MANIFEST).read_bytes()
-        manifest = json.loads(raw)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no {MANIFEST} (partial checkpoint)") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {exc}") from None
-    if manifest.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path}: format {manifest.get('format')!r}, not {CHECKPOINT_FORMAT}")
+    raw, manifest = _read_manifest(path)
     stats = []
     for name in sorted(manifest["files"]):
         try:
@@ -260,6 +257,83 @@ def verify(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: manifest lists too few layer files")
     _VERIFIED[key] = (tuple(stats), dict(manifest))
     return dict(manifest)
+
+
+def _read_manifest(path: Path) -> tuple[bytes, dict[str, Any]]:
+    """The raw bytes and the parsed manifest of ``path`` (its format checked)."""
+    try:
+        raw = (path / MANIFEST).read_bytes()
+        manifest = json.loads(raw)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no {MANIFEST} (partial checkpoint)") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise CheckpointError(f"{path}: format {found!r}, not {CHECKPOINT_FORMAT}")
+    return raw, manifest
+
+
+@dataclass(frozen=True)
+class LayerFiles:
+    """Where layers of a published checkpoint are read: its directory and, per planner layer,
+    the file name and the sha256 its manifest lists. Plain data, small: the controller resolves
+    it from the manifest (:func:`layer_files`) and hands each rank the part naming its own
+    layers (:meth:`for_layers`); the rank reads and verifies them (:func:`read_layer_files`)."""
+
+    path: str
+    step: int
+    files: dict[int, tuple[str, str]]  # planner layer -> (file name, sha256)
+
+    def for_layers(self, layers: Iterable[int]) -> LayerFiles:
+        """The same checkpoint, naming only ``layers``."""
+        wanted = sorted(set(layers))
+        missing = [i for i in wanted if i not in self.files]
+        if missing:
+            raise CheckpointError(f"{self.path}: the manifest lists no files for layers {missing}")
+        return LayerFiles(self.path, self.step, {i: self.files[i] for i in wanted})
+
+
+def layer_files(path: Path) -> LayerFiles:
+    """The checkpoint at ``path`` resolved from its manifest, without reading any layer file:
+    its readers verify each file they read (:func:`read_layer_files`). A missing, unreadable or
+    foreign manifest, or one that lists too few layer files, raises :class:`CheckpointError`."""
+    _raw, manifest = _read_manifest(path)
+    listed = manifest.get("files")
+    if not isinstance(listed, dict):
+        raise CheckpointError(f"{path}: {MANIFEST} lists no files")
+    files: dict[int, tuple[str, str]] = {}
+    for i in range(int(manifest["num_layers"])):
+        name = layer_file_name(i)
+        if name not in listed:
+            raise CheckpointError(f"{path}: manifest lists too few layer files")
+        files[i] = (name, str(listed[name]))
+    return LayerFiles(str(path), int(manifest["step"]), files)
+
+
+def read_layer_files(ref: LayerFiles) -> dict[int, dict[str, Any]]:
+    """Every layer ``ref`` names, read by this process: each file is read once, its bytes
+    hashed against the manifest's sha256, then loaded (``torch.load(..., weights_only=True)``).
+    A missing file, a checksum mismatch or a file that will not load raises
+    :class:`CheckpointError` naming the file; nothing of such a file is returned."""
+    import io
+
+    import torch
+
+    states: dict[int, dict[str, Any]] = {}
+    for layer, (name, digest) in sorted(ref.files.items()):
+        file = Path(ref.path) / name
+        try:
+            raw = file.read_bytes()
+        except OSError:
+            raise CheckpointError(f"{ref.path}: {name} is missing") from None
+        if hashlib.sha256(raw).hexdigest() != digest:
+            raise CheckpointError(f"{ref.path}: {name} fails its sha256 checksum (corrupt)")
+        try:
+            states[layer] = torch.load(io.BytesIO(raw), weights_only=True)
+        except Exception as exc:  # a file that verifies but will not load is corrupt too
+            raise CheckpointError(f"{ref.path}: {name} does not load: {exc}") from None
+    return states
 
 
 def load_latest(root: Path) -> Checkpoint | None:

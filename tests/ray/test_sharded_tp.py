@@ -24,6 +24,7 @@ from ray_plans import GLOBAL_BATCH, NUM_PLANNER_LAYERS, tiny_job
 
 from orchestrator.runtime.elastic.checkpoints import DirCheckpointStore
 from orchestrator.runtime.elastic.group_port import write_by_holders
+from orchestrator.runtime.elastic.restore import launch_group
 from orchestrator.runtime.elastic.survivors import ElasticWorkerGroup
 from orchestrator.runtime.group import WorkerGroup
 from orchestrator.spec.plan import Plan
@@ -148,20 +149,43 @@ def test_replan_between_tp_sharded_and_plain_through_replicas_and_checkpoint(
         group.step()
         assert_matches(group.fetch_layer_states(), want[5], "tp 1 -> tp 2 via replicas")
 
-        # tp 2 -> tp 1 from the checkpoint at step 2 (the steps after it are thrown away).
+        # tp 2 -> tp 1 from the checkpoint at step 2 (the steps after it are thrown away), each
+        # rank reading its own layers' files (the reference the controller resolves).
         group.reform(
             PLAIN,
             dead_ranks=set(),
             committed_steps=5,
             start_step=2,
-            checkpoint_states=store.load(2),
+            checkpoint_states=store.layer_files(2),
             keep_state=False,
         )
         for _ in range(2):
             group.step()
         assert_matches(group.fetch_layer_states(), want[4], "tp 2 -> tp 1 via checkpoint")
+
+        # And tp 1 -> tp 2 and sharded from the same files: each rank cuts its part itself.
+        group.reform(
+            TP_AND_SHARDED,
+            dead_ranks=set(),
+            committed_steps=4,
+            start_step=2,
+            checkpoint_states=store.layer_files(2),
+            keep_state=False,
+        )
+        group.step()
+        assert_matches(group.fetch_layer_states(), want[3], "tp 1 -> tp 2 via checkpoint")
     finally:
         group.stop()
+
+    # A fresh group (a restarted driver) from the same files: launched without states, each
+    # tp-1 rank reads its own layers, the tp stage's first rank reads the stage's once.
+    fresh = ElasticWorkerGroup(tiny_job())
+    try:
+        launch_group(fresh, TP_AND_SHARDED, store.layer_files(2), 2)
+        fresh.step()
+        assert_matches(fresh.fetch_layer_states(), want[3], "fresh tp 2 / sharded via checkpoint")
+    finally:
+        fresh.stop()
 
 
 # Three whole-model replicas with parameters, gradients and optimizer state sharded (ZeRO-3),

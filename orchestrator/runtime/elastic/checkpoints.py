@@ -10,12 +10,15 @@ The layers' holders write their own layer files: the controller calls
 write into it (``group_port.py``), and :meth:`DirCheckpointStore.commit` checks the files against
 the writers' reports and publishes them with the manifest. The controller never holds a layer's
 state on that path; the checkpoint directory must therefore be storage every worker sees (the
-local disk on one host, shared storage such as NFS for a run across hosts).
-:meth:`DirCheckpointStore.save` (states in hand) remains for callers that have them.
+local disk on one host, shared storage such as NFS for a run across hosts). A restore is read
+the same way: :meth:`DirCheckpointStore.layer_files` resolves the manifest into a reference (the
+directory, each layer's file and sha256) and the ranks read and verify their own layers
+(``restore.py``). :meth:`DirCheckpointStore.save` (states in hand) and
+:meth:`DirCheckpointStore.load` remain for callers that have or want the states in one process.
 
 :class:`MemoryCheckpointStore` keeps the newest checkpoint in memory, for jobs without a
 checkpoint directory (a restarted controller then starts over); its states pass through the
-controller, which holds them.
+controller, which holds them, and a restore from it sends them from the controller to the ranks.
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ import os
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.control.recovery import CheckpointRef, LayerState
 from orchestrator.spec.plan import Plan
+
+if TYPE_CHECKING:
+    from orchestrator.worker.checkpoint import LayerFiles
 
 RUN_STATE_FILE = "run-state.json"
 
@@ -140,8 +146,17 @@ class DirCheckpointStore:
         """Remove a staging directory that will not be committed."""
         shutil.rmtree(staging, ignore_errors=True)
 
+    def layer_files(self, step: int) -> LayerFiles:
+        """The checkpoint at ``step`` as a reference for its readers (directory, each layer's
+        file and sha256 from the manifest); no layer file is read here. A restore hands each
+        rank the part naming its layers, and the rank reads and verifies them itself."""
+        from orchestrator.worker.checkpoint import layer_files, step_dir_name
+
+        return layer_files(self.root / step_dir_name(step))
+
     def load(self, step: int) -> dict[int, LayerState]:
-        """Every layer's state of the checkpoint at ``step`` (verified first)."""
+        """Every layer's state of the checkpoint at ``step`` (verified first), read into this
+        process (tools; a restore has the ranks read their own layers: :meth:`layer_files`)."""
         import torch
 
         from orchestrator.worker.checkpoint import layer_file_name, step_dir_name, verify

@@ -14,8 +14,9 @@ survivors keep their processes, parameters and optimizer state, their torch proc
 destroyed and re-initialised for the new plan, and only layers that change owner move, actor to
 actor. A restore of kind REPLICAS whose ``states`` are empty means "the state is in the workers,
 at the last committed step". From a checkpoint, the survivors stay and every rank loads the
-checkpoint's layers (a model mixing steps is not a model). Only the first launch, or one after
-the group was stopped, starts every actor fresh.
+checkpoint's layers (a model mixing steps is not a model); from a checkpoint directory each rank
+reads its own layers' files (``restore.py``), the controller resolving only the manifest.
+Only the first launch, or one after the group was stopped, starts every actor fresh.
 
 Checkpoints are written by the holders (:meth:`RayWorkerGroupPort.write_checkpoint`): each
 layer's writer writes the layer's file into the store's staging directory itself, the other ranks
@@ -31,11 +32,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from orchestrator.control.ports import CheckpointStore, WarmState, WarmStatus, WorkerLost
 from orchestrator.control.recovery import LayerState, RestoreKind, RestoreSource
 from orchestrator.runtime.actor import WorkerJob
+from orchestrator.runtime.elastic.restore import (
+    CheckpointSource,
+    checkpoint_errors,
+    checkpoint_source,
+    launch_group,
+)
 from orchestrator.runtime.elastic.survivors import ElasticWorkerGroup, ReformReport
 from orchestrator.runtime.group import GroupOptions, WorkerInfo, whole_states
 from orchestrator.spec.plan import Plan
@@ -92,7 +98,7 @@ class RayWorkerGroupPort:
         self._group, self._plan = group, plan
         self._dead_ranks = set()
         try:
-            self.workers = group.launch(plan, states, restore.resume_step)
+            self.workers = launch_group(group, plan, states, restore.resume_step)
         except WorkerLost as exc:
             raise self._lost(exc) from None
         self._rank_node = {w.rank: w.node_id for w in self.workers}
@@ -103,14 +109,16 @@ class RayWorkerGroupPort:
         gone = _dead_node_ids()
         try:
             _check_pins_alive(plan)
-            report = group.reform(
-                plan,
-                dead_ranks=self._dead_ranks | {r for r, n in self._rank_node.items() if n in gone},
-                committed_steps=self._committed_steps,
-                start_step=restore.resume_step,
-                checkpoint_states=None if keep else self._states_for(restore),
-                keep_state=keep,
-            )
+            with checkpoint_errors():  # a rank that cannot read its checkpoint layers
+                report = group.reform(
+                    plan,
+                    dead_ranks=self._dead_ranks
+                    | {r for r, n in self._rank_node.items() if n in gone},
+                    committed_steps=self._committed_steps,
+                    start_step=restore.resume_step,
+                    checkpoint_states=None if keep else self._states_for(restore),
+                    keep_state=keep,
+                )
         except WorkerLost as exc:
             lost = self._lost(exc)
             self.stop()  # a half re-formed group holds no consistent state
@@ -252,12 +260,14 @@ class RayWorkerGroupPort:
             raise RuntimeError("no worker group: launch() first")
         return self._group
 
-    def _states_for(self, restore: RestoreSource) -> Mapping[int, Any] | None:
+    def _states_for(self, restore: RestoreSource) -> CheckpointSource | None:
+        """What the ranks load: the states in hand, or a checkpoint they read themselves
+        (a directory's files, as a reference: no layer is read here; ``restore.py``)."""
         if restore.kind is RestoreKind.REPLICAS:
             return dict(restore.states)
         if restore.kind is RestoreKind.CHECKPOINT:
             assert restore.checkpoint_step is not None
-            return self.checkpoints.load(restore.checkpoint_step)
+            return checkpoint_source(self.checkpoints, restore.checkpoint_step)
         return None
 
     def _lost(self, exc: WorkerLost) -> WorkerLost:

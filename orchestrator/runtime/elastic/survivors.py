@@ -52,6 +52,7 @@ from orchestrator.runtime.elastic.moves import (
     live_copies,
     route_layers,
 )
+from orchestrator.runtime.elastic.restore import CheckpointSource, checkpoint_incoming
 from orchestrator.runtime.elastic.warm import WarmActor, WarmPool, remove_placed
 from orchestrator.runtime.elastic.worker import ElasticWorkerActor
 from orchestrator.runtime.group import WorkerGroup, WorkerInfo
@@ -162,13 +163,14 @@ class ElasticWorkerGroup(WorkerGroup):
         dead_ranks: set[int],
         committed_steps: int,
         start_step: int,
-        checkpoint_states: Mapping[int, Any] | None = None,
+        checkpoint_states: CheckpointSource | None = None,
         keep_state: bool = True,
     ) -> ReformReport:
         """Move to ``plan`` keeping the surviving actors (see the module docstring).
 
         ``keep_state``: the survivors' layers are at ``committed_steps`` and are kept and moved;
-        otherwise every layer comes from ``checkpoint_states`` (or the seed when None).
+        otherwise every layer comes from ``checkpoint_states`` (or the seed when None): a
+        checkpoint's files each rank reads itself, or states in hand.
         """
         assert self.plan is not None, "reform() before launch()"
         started_s = time.perf_counter()
@@ -193,7 +195,7 @@ class ElasticWorkerGroup(WorkerGroup):
             moves = route_layers(new_ranks, chosen, held, copies)
             incoming = self._export(new_ranks, moves, committed_steps)
         else:
-            moves, incoming = _from_checkpoint(new_ranks, checkpoint_states)
+            moves, incoming = _from_checkpoint(new_ranks, checkpoint_states, members.actors)
         seconds["exports_s"] = time.perf_counter() - exports_s
         for old in sorted(unused):
             self._drop(old)
@@ -550,17 +552,15 @@ def _copies_left(
 
 
 def _from_checkpoint(
-    new_ranks: Sequence[RankSpec], checkpoint_states: Mapping[int, Any] | None
+    new_ranks: Sequence[RankSpec], source: CheckpointSource | None, actors: Sequence[Any]
 ) -> tuple[LayerMoves, list[list[Any]]]:
-    """Every layer from the checkpoint's states, put once in the object store (none: the
-    seed); per new rank, the references it receives."""
+    """Every layer from the checkpoint (none: the seed); per new rank, what it receives: the
+    ranks read a checkpoint's files themselves (``restore.checkpoint_incoming``); ``actors``:
+    the new plan's actors by rank."""
     moves = LayerMoves([{} for _ in new_ranks])
     incoming: list[list[Any]] = [[] for _ in new_ranks]
-    if checkpoint_states:
-        put = {layer: ray.put({layer: st}) for layer, st in checkpoint_states.items()}
-        for spec in new_ranks:
-            incoming[spec.rank] = [put[layer] for layer in spec.layer_indices]
-            moves.moved += len(spec.layer_indices)
+    if source:
+        moves.moved += checkpoint_incoming(source, new_ranks, incoming, actors)
     return moves, incoming
 
 

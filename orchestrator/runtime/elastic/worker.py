@@ -21,7 +21,9 @@ A change of plan keeps the actor (:meth:`reform`): the committed update is settl
 group is destroyed, a new engine is built for the new rank and joins a new rendezvous; the layers
 this actor keeps are handed to it as the same modules and optimizers (no copy), and the layers it
 gains arrive as Ray object references exported by the peers that held them
-(:meth:`export_layers`), so their bytes go actor to actor, never through the driver.
+(:meth:`export_layers`), so their bytes go actor to actor, never through the driver. From a
+checkpoint's directory, the actor reads its own layers' files (``restore.py``; verified against
+the manifest's sha256): :meth:`load_checkpoint_layers` after a fresh set-up, or in :meth:`reform`.
 
 A joiner is warmed before the switch (:meth:`warm`): started while the current plan trains, it
 imports torch and builds its engine for the rank the candidate plan gives it (layers, optimizers,
@@ -144,6 +146,27 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         parts = {rank: {i: st for i, st in got.items() if i in wanted} for rank, got in answers}
         return write_layers(Path(staging), whole_states(parts, copies))
 
+    def load_checkpoint_layers(self, files: Any) -> int:
+        """Read this rank's layers of a checkpoint (``files``: a ``LayerFiles`` reference naming
+        them), each file's sha256 checked against the manifest, and load them as
+        ``set_layer_states`` does (cut for this rank's tp position or shard slice). Returns the
+        bytes read. A missing, corrupt or unloadable file raises ``CheckpointError`` naming it;
+        nothing is loaded then."""
+        from orchestrator.worker.checkpoint import read_layer_files
+
+        states = read_layer_files(files)
+        self._engine.set_layer_states(states)
+        return _nbytes(states)
+
+    def read_checkpoint_layers(self, files: Any) -> tuple[dict[int, dict[str, Any]], int]:
+        """Read and verify the layers ``files`` names (as :meth:`load_checkpoint_layers`)
+        without loading them: (whole states, bytes read), for a tensor-parallel stage's ranks
+        to take from this node's object store (called with two returns; needs no engine)."""
+        from orchestrator.worker.checkpoint import read_layer_files
+
+        states = read_layer_files(files)
+        return states, _nbytes(states)
+
     def warm(self, plan_json: str, rank: int) -> dict[str, Any]:
         """Import torch and build the engine of ``rank`` in ``plan_json`` without joining any
         process group, for a later :meth:`reform` into that rank to adopt. Returns the seconds
@@ -221,10 +244,12 @@ class ElasticWorker(_Base):  # type: ignore[misc]
 
         ``rendezvous`` is (address, port, world size, timeout in s); ``keep``: keep the layers
         this actor holds and the new rank holds too (only when they are at ``committed_steps``);
-        ``incoming``: object references of ``{layer: state}`` from peers or the checkpoint;
+        ``incoming``: object references of ``{layer: state}`` from peers or the in-memory
+        checkpoint, or a ``LayerFiles`` reference of a checkpoint's files, read here;
         ``throttle``: the node's emulated extra slowdown (see :meth:`set_throttle`).
         """
         from orchestrator.runtime.actor import has_real_gpu
+        from orchestrator.runtime.elastic.restore import resolve_incoming
 
         started_s = time.perf_counter()
         self._settle(committed_steps)
@@ -239,7 +264,8 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         new, warmed = self._engine_for(plan_json, rank, slowdown)
         built_s = time.perf_counter()
         parts: dict[int, list[dict[str, Any]]] = {}
-        for part in ray.get(list(incoming)):
+        # Ray objects from peers (or the in-memory checkpoint); a checkpoint's files read here.
+        for part in resolve_incoming(incoming):
             for i, state in part.items():
                 parts.setdefault(i, []).append(state)
         moved = _join_parts(parts)

@@ -10,7 +10,7 @@ from control_fakes import NUM_LAYERS, FakePlanner
 
 from orchestrator.control.planning import MakePlanPlanner
 from orchestrator.control.recovery import RestoreKind
-from orchestrator.sim.costs import CostModel, StateMove
+from orchestrator.sim.costs import CostModel, RestoreRead, StateMove
 from orchestrator.sim.planner import TimedPlanner
 from orchestrator.sim.restart import RestartModel, simulate_restart
 from orchestrator.sim.run import Scenario, goodput, simulate
@@ -114,6 +114,42 @@ def test_keeping_survivors_moves_only_the_layers_that_changed_owner():
     assert survivors.launch_s(new, new, RestoreKind.REPLICAS) == (2.0, 0)
     # The first group is started from scratch either way.
     assert survivors.launch_s(None, new, RestoreKind.FRESH) == (survivors.group_start_s, 0)
+
+
+def test_a_checkpoint_restore_is_read_by_the_holders_in_parallel():
+    sizes = (1 * GB, 2 * GB, 3 * GB, 4 * GB)
+    old = _plan([(0, 2, "n1"), (2, 4, "n2")], [(0, 2, "n3"), (2, 4, "n4")])
+    new = _plan([(0, 2, "n1"), (2, 4, "n2")], [(0, 4, "n3")])
+    holders = CostModel(sizes, reform_s=2.0, storage_bytes_per_s=1e12)
+    # Each rank reads its own layers' files: n1 3 GB, n2 7 GB, n3 10 GB, all at once; the
+    # busiest node's link bounds it (storage fast here).
+    assert holders.read_bytes_by_node(new) == {"n1": 3 * GB, "n2": 7 * GB, "n3": 10 * GB}
+    seconds, moved = holders.launch_s(old, new, RestoreKind.CHECKPOINT)
+    assert moved == 20 * GB
+    assert seconds == pytest.approx(2.0 + 10 * GB / holders.link_bytes_per_s)
+    # Storage slower than the links: its aggregate bandwidth bounds the 20 GB read.
+    slow = CostModel(sizes, reform_s=2.0, storage_bytes_per_s=1 * GB)
+    assert slow.launch_s(old, new, RestoreKind.CHECKPOINT)[0] == pytest.approx(2.0 + 20.0)
+    # A tensor-parallel stage's files are read once (by its first rank) for all its ranks.
+    tp = Plan(
+        global_batch_size=4,
+        microbatch_size=1,
+        replicas=(
+            ReplicaSpec(
+                batch_size=4,
+                stages=(StageSpec(layers=(0, 4), device_type="H100", node="n1", tp=2),),
+            ),
+        ),
+    )
+    assert holders.read_bytes_by_node(tp) == {"n1": 10 * GB}
+    # Through the controller (the model before): read once at min(link, storage), then every
+    # copy of every layer sent through its link.
+    via = CostModel(
+        sizes, reform_s=2.0, storage_bytes_per_s=1e12, restore_read=RestoreRead.CONTROLLER
+    )
+    seconds, moved = via.launch_s(old, new, RestoreKind.CHECKPOINT)
+    assert moved == 20 * GB
+    assert seconds == pytest.approx(2.0 + (10 + 20) * GB / via.link_bytes_per_s)
 
 
 def test_holders_write_checkpoints_bounded_by_the_busiest_writer_node():
