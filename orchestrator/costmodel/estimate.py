@@ -318,6 +318,7 @@ def estimate_with_tables(
         tables.runtime.whole_gradients_at_peak,
         tables.runtime.optimizer_sharding_all_reduces,
         tables.runtime.layerwise_sharded_replicas,
+        tables.collective_cost({d.device_type for d in devices}),
     )
     tail = max(d.allreduce_s + d.update_s for d in devices)
     worst = max(devices, key=lambda d: d.allreduce_s + d.update_s)

@@ -7,6 +7,7 @@ what the profiler measured for our runtime where a profile carries it, else the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 from orchestrator.costmodel.presets import RuntimePreset, StateTerms
@@ -83,6 +84,23 @@ class RuntimeOverheads:
         if measured is None or measured.p2p_latency_s is None:
             return 0.0
         return measured.p2p_latency_s
+
+    def collective_cost(self, device_types: Iterable[str]) -> tuple[float, float] | None:
+        """(latency seconds, bytes per second) of one collective of the layer-by-layer sharded
+        path among holders of these device types, as the profiler measured it for our runtime
+        (``worker/collective_cost.py``): the slowest type's latency and rate; None where any
+        type has no measurement (the network's bandwidth then stands in)."""
+        found = []
+        for device_type in device_types:
+            measured = self._measured_time_terms(device_type)
+            if measured is None or measured.collective_latency_s is None:
+                return None
+            if measured.collective_bytes_per_s is None:
+                return None
+            found.append((measured.collective_latency_s, measured.collective_bytes_per_s))
+        if not found:
+            return None
+        return max(f[0] for f in found), min(f[1] for f in found)
 
     def _measured_time_terms(self, device_type: str) -> RuntimeConstants | None:
         if not self.runtime.measured_constants:
