@@ -212,22 +212,22 @@ def layerwise_collectives_s(
     level: Sharding,
     k: int,
     rounds: int,
-    latency_s: float,
-    bytes_per_s: float,
+    gather: tuple[float, float],
+    reduce: tuple[float, float],
 ) -> float:
-    """Seconds a layer-by-layer holder spends in its collectives a step at a measured
-    per-collective cost (``latency_s + bytes / bytes_per_s``, ``worker/collective_cost.py``):
-    every round, per owner's piece of each layer (:func:`layerwise_segments`), a reduction of
-    its gradients and under ``full`` two gathers of its weights (before the forward and before
-    the backward); under ``gradients`` the step's gather of the updated slices, one per owner.
-    Issued synchronously from the layers' hooks, none hides behind compute."""
+    """Seconds a layer-by-layer holder spends in its collectives a step at a measured cost per
+    collective (``gather`` and ``reduce``: (latency seconds, bytes per second) of one,
+    ``worker/collective_cost.py``): every round, per owner's piece of each layer
+    (:func:`layerwise_segments`), a reduction of its gradients and under ``full`` two gathers
+    of its weights (before the forward and before the backward); under ``gradients`` the
+    step's gather of the updated slices, one per owner. Issued synchronously from the layers'
+    hooks, none hides behind compute."""
     pieces = [n for layer in layerwise_segments(numels, k) for n in layer]
-    reduce_s = sum(latency_s + n * grad_bytes / bytes_per_s for n in pieces)
-    gather_s = sum(latency_s + n * weight_bytes / bytes_per_s for n in pieces)
+    reduce_s = sum(reduce[0] + n * grad_bytes / reduce[1] for n in pieces)
+    gather_s = sum(gather[0] + n * weight_bytes / gather[1] for n in pieces)
     if level is Sharding.FULL:
         return rounds * (reduce_s + 2 * gather_s)
-    total = sum(numels)
-    updated_s = k * latency_s + total * weight_bytes / bytes_per_s
+    updated_s = k * gather[0] + sum(numels) * weight_bytes / gather[1]
     return rounds * reduce_s + updated_s
 
 
@@ -283,7 +283,7 @@ def apply(
     whole_grads: bool = False,
     zero1_all_reduces: bool = False,
     layerwise: bool = False,
-    collective: tuple[float, float] | None = None,
+    collective: tuple[tuple[float, float], tuple[float, float]] | None = None,
 ) -> list[DeviceEstimate]:
     """The devices' estimates with sharded stages' memory and synchronisation adjusted.
 
@@ -296,9 +296,10 @@ def apply(
     charged on top, as where some holders do not shard. ``layerwise``
     (``RuntimePreset.layerwise_sharded_replicas``): plans that :func:`runs_layer_by_layer` are
     charged the layer-by-layer path's memory and collectives instead; with ``collective``
-    ((latency seconds, bytes per second) of one of its collectives, as the profiler measured
-    them for our runtime: ``CostTables.collective_cost``) they are charged per collective
-    (:func:`layerwise_collectives_s`) in place of the network's bandwidth.
+    (the (latency seconds, bytes per second) of one of its gathers and of one of its
+    reductions, as the profiler measured them for our runtime: ``CostTables.collective_cost``)
+    they are charged per collective (:func:`layerwise_collectives_s`) in place of the
+    network's bandwidth.
     """
     out = list(devices)
     if not any(st.sharding is not Sharding.NONE for rep in plan.replicas for st in rep.stages):
@@ -388,7 +389,7 @@ def _apply_layerwise(
     model: ModelSpec,
     training: TrainingSpec,
     holder_bandwidth: Callable[[list[StageSpec]], float],
-    collective: tuple[float, float] | None = None,
+    collective: tuple[tuple[float, float], tuple[float, float]] | None = None,
 ) -> list[DeviceEstimate]:
     """:func:`apply` for a plan whose holders run layer by layer (each a whole one-stage
     replica, all at one level): the same terms on every holder."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +54,9 @@ def _profile_remote(request: Any) -> tuple[ProfileFile, Any]:
     if not gpu and result.runtime is not None:
         # Ranks on CPU nodes talk over gloo: its per-message latency, and the layer-by-layer
         # sharded path's per-collective cost, on this node.
-        latency_s, bytes_per_s = measure_collective_cost(ranks=COLLECTIVE_RANKS)
+        cost = measure_collective_cost(ranks=COLLECTIVE_RANKS)
         constants = result.runtime.model_copy(
-            update={
-                "p2p_latency_s": measure_p2p_latency_s(),
-                "collective_latency_s": latency_s,
-                "collective_bytes_per_s": bytes_per_s,
-            }
+            update={"p2p_latency_s": measure_p2p_latency_s(), **asdict(cost)}
         )
         result = result.model_copy(update={"runtime": constants})
     return result, request

@@ -95,8 +95,9 @@ class RuntimeConstants(BaseModel):
     this type, beyond its bytes over the link (``worker/p2p_latency.py``; None: not measured, as
     on GPU nodes, whose transfers are NCCL's); the cost model charges it per boundary transfer.
 
-    ``collective_latency_s`` / ``collective_bytes_per_s``: one gloo gather or reduction of the
-    layer-by-layer sharded path between ranks on a node of this type, as ``latency + bytes /
+    ``gather_latency_s`` / ``gather_bytes_per_s`` and ``reduce_latency_s`` /
+    ``reduce_bytes_per_s``: one gloo gather (``broadcast``) and one reduction of the
+    layer-by-layer sharded path among ranks on a node of this type, each as ``latency + bytes /
     rate`` with its buffer work (``worker/collective_cost.py``; None: not measured, GPU nodes
     too); the cost model charges them per collective of that path.
     """
@@ -113,8 +114,10 @@ class RuntimeConstants(BaseModel):
     call_forward_s: NonNegativeFloat | None = None
     call_backward_s: NonNegativeFloat | None = None
     p2p_latency_s: NonNegativeFloat | None = None
-    collective_latency_s: NonNegativeFloat | None = None
-    collective_bytes_per_s: PositiveFloat | None = None
+    gather_latency_s: NonNegativeFloat | None = None
+    gather_bytes_per_s: PositiveFloat | None = None
+    reduce_latency_s: NonNegativeFloat | None = None
+    reduce_bytes_per_s: PositiveFloat | None = None
 
 
 class ProfileFile(BaseModel):

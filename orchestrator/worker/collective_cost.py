@@ -7,10 +7,15 @@ add into its gradient slice). Each pays a fixed latency (gloo's rounds between t
 TCP round through the kernel, the work's completion) and its bytes at the rate gloo moves them
 between processes, besides the buffer work on the rank's own core.
 :func:`measure_collective_cost` starts ``ranks`` processes on this node (``spawn``, one torch
-thread each) that form a gloo group and time both patterns as the path runs them, at a tiny and
-at a large message, and fits ``seconds = latency + bytes / rate`` to the medians (gathers and
-reductions pooled: they cost alike on gloo). Gloo only, as ``worker/p2p_latency.py``: on a GPU
-node the runtime's collectives are NCCL's.
+thread each) that form a gloo group and time sequences of these collectives back to back as the
+path issues them (gathers, then reductions, owners rotating), at 64 KiB and at 1 MiB pieces,
+and fits ``seconds = latency + bytes / rate`` per collective to the medians, one line each for
+gathers and reductions (gloo's ``reduce`` among 3 or more ranks costs several times its
+``broadcast`` at these sizes). Back to back, not one at a time between barriers: each
+collective then also waits for the ranks the previous one left behind (a broadcast's root is
+done before its receivers), which costs more per collective on this host
+(``bench/sharded_collectives.py``). Gloo only, as ``worker/p2p_latency.py``: on a GPU node the
+runtime's collectives are NCCL's.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from __future__ import annotations
 import multiprocessing as mp
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.worker.p2p_latency import _free_port
 
-SMALL_NUMEL, LARGE_NUMEL = 1, 1 << 18  # fp32 numbers: 4 bytes and 1 MiB
+SMALL_NUMEL, LARGE_NUMEL = 1 << 14, 1 << 18  # fp32 numbers: 64 KiB and 1 MiB
+OPS = ("gather", "reduce")
 
 
 def _time_patterns(
@@ -37,26 +44,30 @@ def _time_patterns(
     )
     try:
         medians: dict[tuple[str, int], float] = {}
+        count = 2 * ranks  # collectives per timed sequence
         for numel in (SMALL_NUMEL, LARGE_NUMEL):
             mine = torch.ones(numel)
             summed = torch.zeros(numel)
-            for op in ("gather", "reduce"):
+            for op in OPS:
                 times = []
-                for i in range(warmup + repeats):
-                    owner = i % ranks
+                for _ in range(warmup + repeats):
                     dist.barrier()
                     start = time.perf_counter()
-                    if op == "gather":
-                        buf = torch.empty(numel)
-                        if owner == rank:
-                            buf.copy_(mine)
-                        dist.broadcast(buf, src=owner)
-                    else:
-                        buf = torch.zeros(numel)
-                        dist.reduce(buf, dst=owner)
-                        if owner == rank:
-                            summed += buf
-                    times.append(time.perf_counter() - start)
+                    # Back to back, owners rotating, as the path issues them: each collective
+                    # also waits for the ranks the previous one left behind.
+                    for j in range(count):
+                        owner = j % ranks
+                        if op == "gather":
+                            buf = torch.empty(numel)
+                            if owner == rank:
+                                buf.copy_(mine)
+                            dist.broadcast(buf, src=owner)
+                        else:
+                            buf = torch.zeros(numel)
+                            dist.reduce(buf, dst=owner)
+                            if owner == rank:
+                                summed += buf
+                    times.append((time.perf_counter() - start) / count)
                 medians[(op, numel)] = statistics.median(times[warmup:])
         if rank == 0:
             results.put(medians)
@@ -64,21 +75,29 @@ def _time_patterns(
         dist.destroy_process_group()
 
 
-def fit_cost(medians: dict[tuple[str, int], float]) -> tuple[float, float]:
-    """(latency seconds, bytes per second) of the line through the pooled small and large
-    medians (fp32 numbers of ``SMALL_NUMEL`` and ``LARGE_NUMEL``)."""
-    small = statistics.fmean(medians[(op, SMALL_NUMEL)] for op in ("gather", "reduce"))
-    large = statistics.fmean(medians[(op, LARGE_NUMEL)] for op in ("gather", "reduce"))
-    per_byte = max(large - small, 1e-12) / (4 * (LARGE_NUMEL - SMALL_NUMEL))
-    return max(small - 4 * SMALL_NUMEL * per_byte, 0.0), 1.0 / per_byte
+def fit_cost(small_s: float, large_s: float) -> tuple[float, float]:
+    """(latency seconds, bytes per second) of the line through the seconds of one collective
+    at ``SMALL_NUMEL`` and at ``LARGE_NUMEL`` fp32 numbers."""
+    per_byte = max(large_s - small_s, 1e-12) / (4 * (LARGE_NUMEL - SMALL_NUMEL))
+    return max(small_s - 4 * SMALL_NUMEL * per_byte, 0.0), 1.0 / per_byte
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """Measured ``latency + bytes / rate`` of the path's two collectives."""
+
+    gather_latency_s: float
+    gather_bytes_per_s: float
+    reduce_latency_s: float
+    reduce_bytes_per_s: float
 
 
 def measure_collective_cost(
-    ranks: int = 2, warmup: int = 5, repeats: int = 30, timeout_s: float = 120.0
-) -> tuple[float, float]:
-    """(latency seconds, bytes per second) of one gloo gather or reduction of the layer-by-layer
-    path among ``ranks`` local ranks (see module docstring). Raises ``RuntimeError`` when the
-    processes fail or outlast ``timeout_s``."""
+    ranks: int = 2, warmup: int = 3, repeats: int = 20, timeout_s: float = 120.0
+) -> CollectiveCost:
+    """The cost of one gloo gather and of one reduction of the layer-by-layer path among
+    ``ranks`` local ranks (see module docstring). Raises ``RuntimeError`` when the processes
+    fail or outlast ``timeout_s``."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
@@ -101,4 +120,6 @@ def measure_collective_cost(
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
-    return fit_cost(medians)
+    gather = fit_cost(medians[("gather", SMALL_NUMEL)], medians[("gather", LARGE_NUMEL)])
+    reduce = fit_cost(medians[("reduce", SMALL_NUMEL)], medians[("reduce", LARGE_NUMEL)])
+    return CollectiveCost(*gather, *reduce)

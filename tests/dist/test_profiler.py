@@ -147,3 +147,14 @@ def test_gloo_latency_between_two_local_ranks() -> None:
 
     latency_s = measure_p2p_latency_s(warmup=2, repeats=10)
     assert 0 < latency_s < 0.05
+
+
+def test_gloo_collective_cost_among_local_ranks() -> None:
+    """Three spawned gloo ranks time the layer-by-layer path's gathers and reductions: for each
+    a positive latency (milliseconds at most on any host) and a positive rate."""
+    from orchestrator.worker.collective_cost import measure_collective_cost
+
+    cost = measure_collective_cost(ranks=3, warmup=2, repeats=10)
+    for latency_s in (cost.gather_latency_s, cost.reduce_latency_s):
+        assert 0 < latency_s < 0.05
+    assert cost.gather_bytes_per_s > 1e6 and cost.reduce_bytes_per_s > 1e6

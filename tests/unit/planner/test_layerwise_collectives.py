@@ -20,15 +20,24 @@ LATENCY_S = 0.003
 FAST = 1e15  # bytes per second: the bytes cost nothing, the latency is what remains
 
 
-def _with_cost(base: ProfileSet, latency_s: float | None, bytes_per_s: float | None) -> ProfileSet:
+def _with_cost(
+    base: ProfileSet,
+    latency_s: float | None,
+    bytes_per_s: float | None,
+    reduce_factor: float = 1.0,
+) -> ProfileSet:
+    """Profiles whose runtime constants carry this gather cost, and the reduction's
+    ``reduce_factor`` times slower (latency and bytes)."""
     constants = RuntimeConstants(
         framework_bytes=0,
         state_bytes_per_param=16.0,
         optimizer="adam",
         microbatch_overhead_s=0.0,
         step_overhead_s=0.0,
-        collective_latency_s=latency_s,
-        collective_bytes_per_s=bytes_per_s,
+        gather_latency_s=latency_s,
+        gather_bytes_per_s=bytes_per_s,
+        reduce_latency_s=None if latency_s is None else latency_s * reduce_factor,
+        reduce_bytes_per_s=None if bytes_per_s is None else bytes_per_s / reduce_factor,
     )
     return ProfileSet([f.model_copy(update={"runtime": constants}) for f in base.files])
 
@@ -69,21 +78,24 @@ def test_each_collective_pays_the_measured_latency(level: Sharding) -> None:
     plan = _plan(level, shares, n)
     assert sharding.runs_layer_by_layer(plan)
     free = estimate_plan(plan, c, MODEL, TRAINING, _with_cost(base, 0.0, FAST))
-    paid = estimate_plan(plan, c, MODEL, TRAINING, _with_cost(base, LATENCY_S, FAST))
+    # gloo's reduce costs several gathers among 3 or more ranks: each charged its own
+    paid = estimate_plan(plan, c, MODEL, TRAINING, _with_cost(base, LATENCY_S, FAST, 3.0))
     numels = [MODEL.layer_params(i) for i in range(n)]
     pieces = sum(len(p) for p in sharding.layerwise_segments(numels, len(shares)))
     rounds = 3
     # full: gathers before the forward and the backward and a reduction, every round;
     # gradients: a reduction every round, and the updated slices gathered once
     full = level is Sharding.FULL
-    count = rounds * 3 * pieces if full else rounds * pieces + len(shares)
-    assert paid.step_time_s - free.step_time_s == pytest.approx(count * LATENCY_S)
-    # The bytes at the measured rate: a slower rate costs more, by bytes / rate.
-    slow = estimate_plan(plan, c, MODEL, TRAINING, _with_cost(base, 0.0, 1e9))
+    gathers = rounds * 2 * pieces if full else len(shares)
+    reduces = rounds * pieces
+    want_s = (gathers + 3.0 * reduces) * LATENCY_S
+    assert paid.step_time_s - free.step_time_s == pytest.approx(want_s, abs=1e-5)
+    # The bytes at the measured rates: a slower rate costs more, by bytes / rate.
+    slow = estimate_plan(plan, c, MODEL, TRAINING, _with_cost(base, 0.0, 1e9, 3.0))
     w = g = 4  # fp32
     total = sum(numels)
-    moved = rounds * total * (g + 2 * w) if level is Sharding.FULL else rounds * total * g
-    moved += 0 if level is Sharding.FULL else total * w
+    gathered = rounds * total * 2 * w if full else total * w
+    moved = gathered + 3.0 * rounds * total * g
     assert slow.step_time_s - free.step_time_s == pytest.approx(moved / 1e9, rel=1e-5)
 
 
