@@ -16,7 +16,8 @@ whole. The model is profiled on the nodes (``orchestrator profile``'s machinery)
 Everything here is emulated on CPUs (speed and device memory). Nothing passes or fails; the
 figures go to docs/benchmarks.md.
 
-Run: .venv/bin/python bench/sharded_emulated.py [--steps 6] [--memory-mib 16]
+Run: .venv/bin/python bench/sharded_emulated.py [--steps 6] [--memory-mib 32]
+     [--level full --microbatch 4]  (the planned replicas at another level, costed the same way)
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import runtime_emulated as rt
 from emulated_cluster import emulated_cluster
 
+from orchestrator.costmodel import estimate_plan
 from orchestrator.errors import InfeasibleError
 from orchestrator.planner import make_plan
 from orchestrator.planner.selection import SearchConfig
 from orchestrator.runtime.discovery import cluster_from_nodes, discover_nodes
 from orchestrator.runtime.profiling import profile_device_types
 from orchestrator.spec.devices import DeviceCatalog
+from orchestrator.spec.plan import Plan, Sharding
 from orchestrator.spec.profiles import ProfileSet
 
 MIB = 1024 * 1024
@@ -59,6 +62,19 @@ def small_catalog(memory_mib: float) -> DeviceCatalog:
     return DeviceCatalog.builtin(extra=[small])
 
 
+def at_level(plan: Plan, level: Sharding, microbatch: int) -> Plan:
+    """``plan`` with every stage at ``level`` and microbatches of ``microbatch``."""
+    replicas = tuple(
+        r.model_copy(
+            update={"stages": tuple(s.model_copy(update={"sharding": level}) for s in r.stages)}
+        )
+        for r in plan.replicas
+    )
+    return Plan.model_validate(
+        plan.model_copy(update={"replicas": replicas, "microbatch_size": microbatch}).model_dump()
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
@@ -66,6 +82,12 @@ def main() -> None:
     parser.add_argument(
         "--max-stages", type=int, default=1, help="training.max_pipeline_stages (1: no pipelines)"
     )
+    parser.add_argument(
+        "--level",
+        choices=["optimizer", "gradients", "full"],
+        help="run the planned replicas at this sharding level instead (costed the same way)",
+    )
+    parser.add_argument("--microbatch", type=int, help="with --level: the microbatch size")
     args = parser.parse_args()
     rt.configure(GLOBAL_BATCH, SHAPE.num_layers, SPEED, SPEED, NODES, 0, MICROBATCHES)
     rt.SHAPE = SHAPE
@@ -85,6 +107,16 @@ def main() -> None:
             job, nodes, MICROBATCHES, work / "profiles", work / "cache", out=lambda s: None
         )
         profiles = ProfileSet.load([work / "profiles"]).for_model(SHAPE.name)
+        terms = profiles.runtime_constants(DEVICE, with_time_terms=True)
+        if terms is not None and terms.gather_latency_s is not None:
+            print(
+                f"  gloo among 4 ranks (profiler, measured): gather"
+                f" {terms.gather_latency_s * 1e3:.3f} ms + bytes /"
+                f" {(terms.gather_bytes_per_s or 0) / 1e9:.3f} GB/s, reduce"
+                f" {(terms.reduce_latency_s or 0) * 1e3:.3f} ms + bytes /"
+                f" {(terms.reduce_bytes_per_s or 0) / 1e9:.3f} GB/s;"
+                f" point-to-point latency {(terms.p2p_latency_s or 0) * 1e3:.3f} ms"
+            )
         cluster = cluster_from_nodes(nodes, small_catalog(args.memory_mib))
         try:
             make_plan(cluster, SHAPE, training, profiles, SearchConfig(sharded=False))
@@ -92,20 +124,25 @@ def main() -> None:
         except InfeasibleError as e:
             print(f"  unsharded search refuses: {' '.join(str(e).split())}")
         result = make_plan(cluster, SHAPE, training, profiles, SearchConfig())
-        predicted_s = result.estimate.step_time_s
-        print(f"  sharded plan     {rt.describe(result.plan)}  (predicted {predicted_s:.4f} s)")
+        plan, estimate = result.plan, result.estimate
+        print(f"  sharded plan     {rt.describe(plan)}  (predicted {estimate.step_time_s:.4f} s)")
         for line in result.choices:
             if line:
                 print(f"  {line}")
-        for d in result.estimate.devices:
+        if args.level is not None:
+            plan = at_level(plan, Sharding(args.level), args.microbatch or plan.microbatch_size)
+            estimate = estimate_plan(plan, cluster, SHAPE, training, profiles)
+            print(
+                f"  run instead      {rt.describe(plan)}  (predicted {estimate.step_time_s:.4f} s)"
+            )
+        predicted_s = estimate.step_time_s
+        for d in estimate.devices:
             print(
                 f"    r{d.replica}s{d.stage} predicted memory"
                 f" {(d.memory_bytes - d.framework_bytes) / MIB:.2f} MiB of"
                 f" {(args.memory_mib - 1):g} MiB usable"
             )
-        measured_s = rt.measure_ours(
-            job, result.plan, args.steps, estimate=result.estimate, profiles=profiles
-        )
+        measured_s = rt.measure_ours(job, plan, args.steps, estimate=estimate, profiles=profiles)
     print(
         f"  measured step {measured_s:.4f} s, predicted {predicted_s:.4f} s,"
         f" measured / predicted {measured_s / predicted_s:.3f}"

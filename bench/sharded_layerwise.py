@@ -8,7 +8,11 @@ run layer by layer (``worker/layerwise.py``). Prints per level: the counted weig
 gradients and optimizer state of rank 0 at the step's peak (``StepResult.memory``), the cost
 model's figures for them (``costmodel/sharding.py``), predicted / counted, and the median step
 time over the steps after the first, with its ratio to ``optimizer``'s measured in the same
-run. Nothing passes or fails; the figures go to docs/benchmarks.md.
+run, and that ratio predicted: ``optimizer``'s measured step less its measured communication
+(step less compute and update) plus the level's per-layer collectives as the cost model charges
+them (``sharding.layerwise_collectives_s``) at the gloo cost measured here first
+(``worker/collective_cost.py``, among 3 ranks). Nothing passes or fails; the figures go to
+docs/benchmarks.md.
 
 Run: .venv/bin/python bench/sharded_layerwise.py [--blocks 8] [--hidden 64] [--steps 4]
 """
@@ -22,6 +26,7 @@ import statistics
 from orchestrator.costmodel import sharding
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 from orchestrator.spec.plan import Plan, Sharding
+from orchestrator.worker.collective_cost import measure_collective_cost
 from orchestrator.worker.data import DataConfig
 from orchestrator.worker.engine import EngineConfig
 from orchestrator.worker.local import run_local
@@ -77,12 +82,23 @@ def main() -> None:
     }
     model = ModelSpec(name="gpt", vocab_size=256, dtype="fp32", **kwargs)
     layers = model.num_planner_layers
+    print(f"load average at start: {os.getloadavg()} on {os.cpu_count()} cores")
     print(f"GPT {args.blocks} blocks x {args.hidden}, sequence {SEQUENCE}, 3 holders 4:3:1, mbs 1")
+    cost = measure_collective_cost(ranks=len(SHARES))
+    gather = (cost.gather_latency_s, cost.gather_bytes_per_s)
+    reduce = (cost.reduce_latency_s, cost.reduce_bytes_per_s)
+    print(
+        f"gloo among {len(SHARES)} ranks (measured): gather {gather[0] * 1e3:.3f} ms + bytes /"
+        f" {gather[1] / 1e9:.3f} GB/s, reduce {reduce[0] * 1e3:.3f} ms + bytes /"
+        f" {reduce[1] / 1e9:.3f} GB/s"
+    )
+    numels = [model.layer_params(i) for i in range(layers)]
     print(
         f"{'level':<10} {'path':<15} {'w+g counted':>12} {'predicted':>10} {'pred/cnt':>8}"
         f" {'opt counted':>12} {'pred/cnt':>8} {'step s':>8} {'/optimizer':>10}"
+        f" {'predicted':>10}"
     )
-    base_s = None
+    base_s = base_comm_s = None
     for level in (Sharding.OPTIMIZER, Sharding.GRADIENTS, Sharding.FULL):
         plan = bench_plan(level.value, layers)
         config = EngineConfig(
@@ -102,13 +118,26 @@ def main() -> None:
         step_s = statistics.median(
             max(run.results[r][k].step_s for r in run.results) for k in range(1, args.steps)
         )
-        base_s = step_s if base_s is None else base_s
+        # rank 0 runs the most rounds (share 4): its step less its compute and update
+        comm_s = statistics.median(
+            run.results[0][k].step_s - run.results[0][k].compute_s for k in range(1, args.steps)
+        )
+        if base_s is None:
+            base_s, base_comm_s = step_s, comm_s
+        assert base_comm_s is not None
+        predicted_s = base_s
+        if sharding.runs_layer_by_layer(plan):
+            rounds = sharding.layerwise_rounds(plan)
+            predicted_s += -base_comm_s + sharding.layerwise_collectives_s(
+                numels, 4, 4, level, len(SHARES), rounds, gather, reduce
+            )
         path = "layer by layer" if sharding.runs_layer_by_layer(plan) else "once a step"
         print(
             f"{level.value:<10} {path:<15} {held:>12} {want_held:>10.0f} {want_held / held:>8.3f}"
             f" {memory.optimizer_bytes:>12} {want_opt / memory.optimizer_bytes:>8.3f}"
-            f" {step_s:>8.3f} {step_s / base_s:>10.2f}"
+            f" {step_s:>8.3f} {step_s / base_s:>10.2f} {predicted_s / base_s:>10.2f}"
         )
+    print(f"load average at end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -360,6 +360,7 @@ def _apply_sharding(
         tables.runtime.whole_gradients_at_peak,
         tables.runtime.optimizer_sharding_all_reduces,
         tables.runtime.layerwise_sharded_replicas,
+        tables.collective_cost({d.device_type for d in devices}),
     )
 
 

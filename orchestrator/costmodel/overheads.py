@@ -7,6 +7,7 @@ what the profiler measured for our runtime where a profile carries it, else the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 from orchestrator.costmodel.presets import RuntimePreset, StateTerms
@@ -83,6 +84,30 @@ class RuntimeOverheads:
         if measured is None or measured.p2p_latency_s is None:
             return 0.0
         return measured.p2p_latency_s
+
+    def collective_cost(
+        self, device_types: Iterable[str]
+    ) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """((latency seconds, bytes per second) of one gather, the same of one reduction) of the
+        layer-by-layer sharded path among holders of these device types, as the profiler
+        measured them for our runtime (``worker/collective_cost.py``): the slowest type's
+        latency and rate; None where any type has no measurement (the network's bandwidth then
+        stands in)."""
+        found: list[tuple[float, float, float, float]] = []
+        for device_type in device_types:
+            m = self._measured_time_terms(device_type)
+            if m is None:
+                return None
+            gather_s, gather_rate = m.gather_latency_s, m.gather_bytes_per_s
+            reduce_s, reduce_rate = m.reduce_latency_s, m.reduce_bytes_per_s
+            if gather_s is None or gather_rate is None or reduce_s is None or reduce_rate is None:
+                return None
+            found.append((gather_s, gather_rate, reduce_s, reduce_rate))
+        if not found:
+            return None
+        gather = (max(f[0] for f in found), min(f[1] for f in found))
+        reduce = (max(f[2] for f in found), min(f[3] for f in found))
+        return gather, reduce
 
     def _measured_time_terms(self, device_type: str) -> RuntimeConstants | None:
         if not self.runtime.measured_constants:

@@ -183,6 +183,54 @@ def layerwise_sync_s(
     return (moved - 2 * frac * grads) / bandwidth
 
 
+def layerwise_segments(numels: Sequence[int], k: int) -> list[list[int]]:
+    """Per layer (of ``numels`` elements each, in order), the element counts of the owners'
+    slices that meet it: the group's flat parameters cut into ``k`` contiguous slices of sizes
+    differing by at most one (``worker/topology.shard_bounds``). The layer-by-layer path issues
+    one collective per such piece (``worker/layerwise.py``)."""
+    total = sum(numels)
+    base, extra = divmod(total, k)
+    bounds, lo = [], 0
+    for owner in range(k):
+        hi = lo + base + (1 if owner < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    out, start = [], 0
+    for n in numels:
+        end = start + n
+        out.append(
+            [min(hi, end) - max(lo, start) for lo, hi in bounds if max(lo, start) < min(hi, end)]
+        )
+        start = end
+    return out
+
+
+def layerwise_collectives_s(
+    numels: Sequence[int],
+    weight_bytes: float,
+    grad_bytes: float,
+    level: Sharding,
+    k: int,
+    rounds: int,
+    gather: tuple[float, float],
+    reduce: tuple[float, float],
+) -> float:
+    """Seconds a layer-by-layer holder spends in its collectives a step at a measured cost per
+    collective (``gather`` and ``reduce``: (latency seconds, bytes per second) of one,
+    ``worker/collective_cost.py``): every round, per owner's piece of each layer
+    (:func:`layerwise_segments`), a reduction of its gradients and under ``full`` two gathers
+    of its weights (before the forward and before the backward); under ``gradients`` the
+    step's gather of the updated slices, one per owner. Issued synchronously from the layers'
+    hooks, none hides behind compute."""
+    pieces = [n for layer in layerwise_segments(numels, k) for n in layer]
+    reduce_s = sum(reduce[0] + n * grad_bytes / reduce[1] for n in pieces)
+    gather_s = sum(gather[0] + n * weight_bytes / gather[1] for n in pieces)
+    if level is Sharding.FULL:
+        return rounds * (reduce_s + 2 * gather_s)
+    updated_s = k * gather[0] + sum(numels) * weight_bytes / gather[1]
+    return rounds * reduce_s + updated_s
+
+
 def gathered_bytes(
     model: ModelSpec,
     training: TrainingSpec,
@@ -235,6 +283,7 @@ def apply(
     whole_grads: bool = False,
     zero1_all_reduces: bool = False,
     layerwise: bool = False,
+    collective: tuple[tuple[float, float], tuple[float, float]] | None = None,
 ) -> list[DeviceEstimate]:
     """The devices' estimates with sharded stages' memory and synchronisation adjusted.
 
@@ -246,14 +295,18 @@ def apply(
     whole gradients even where every holder shards, so the gather of the updated slices is
     charged on top, as where some holders do not shard. ``layerwise``
     (``RuntimePreset.layerwise_sharded_replicas``): plans that :func:`runs_layer_by_layer` are
-    charged the layer-by-layer path's memory and collectives instead.
+    charged the layer-by-layer path's memory and collectives instead; with ``collective``
+    (the (latency seconds, bytes per second) of one of its gathers and of one of its
+    reductions, as the profiler measured them for our runtime: ``CostTables.collective_cost``)
+    they are charged per collective (:func:`layerwise_collectives_s`) in place of the
+    network's bandwidth.
     """
     out = list(devices)
     if not any(st.sharding is not Sharding.NONE for rep in plan.replicas for st in rep.stages):
         return out  # the common case: nothing to adjust, no per-layer scan
     # tied weights keep the once-a-step path on our engine (worker/layerwise.applies)
     if layerwise and runs_layer_by_layer(plan) and not model.tie_embeddings:
-        return _apply_layerwise(plan, out, model, training, holder_bandwidth)
+        return _apply_layerwise(plan, out, model, training, holder_bandwidth, collective)
     index = {(d.replica, d.stage): i for i, d in enumerate(out)}
     # Per (layer, tp) and per sync case: identical holders (whole replicas of one shape) would
     # otherwise recompute the same bytes and seconds once each.
@@ -336,6 +389,7 @@ def _apply_layerwise(
     model: ModelSpec,
     training: TrainingSpec,
     holder_bandwidth: Callable[[list[StageSpec]], float],
+    collective: tuple[tuple[float, float], tuple[float, float]] | None = None,
 ) -> list[DeviceEstimate]:
     """:func:`apply` for a plan whose holders run layer by layer (each a whole one-stage
     replica, all at one level): the same terms on every holder."""
@@ -346,16 +400,27 @@ def _apply_layerwise(
     whole = sum(sum(state_parts_bytes(model, training, i, 1)) for i in layers)
     bandwidth = holder_bandwidth(stages)
     rounds = layerwise_rounds(plan)
+    if collective is not None:
+        # Measured per collective: the whole of the path's communication (the data-parallel
+        # all-reduce the tables charged is not what it runs).
+        numels = [model.layer_params(i) for i in layers]
+        w = model.dtype.size_bytes if training.mixed_precision else 4
+        g = training.grad_bytes_per_param(model.dtype)
+        sync_s = layerwise_collectives_s(numels, w, g, level, k, rounds, *collective)
+        return [_layerwise_device(d, whole, held, k, sync_s) for d in devices]
     extra_s = 0.0
     for i in layers:
         weights, grads, _ = state_parts_bytes(model, training, i, 1)
         extra_s += layerwise_sync_s(weights, grads, level, k, rounds, bandwidth)
-    return [
-        replace(
-            d,
-            memory_bytes=d.memory_bytes - whole + held,
-            update_s=d.update_s / k,
-            allreduce_s=max(0.0, d.allreduce_s + extra_s),
-        )
-        for d in devices
-    ]
+    return [_layerwise_device(d, whole, held, k, d.allreduce_s + extra_s) for d in devices]
+
+
+def _layerwise_device(
+    d: DeviceEstimate, whole: float, held: float, k: int, sync_s: float
+) -> DeviceEstimate:
+    return replace(
+        d,
+        memory_bytes=d.memory_bytes - whole + held,
+        update_s=d.update_s / k,
+        allreduce_s=max(0.0, sync_s),
+    )

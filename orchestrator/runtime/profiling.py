@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,15 @@ class ProfiledType:
     slowdown_factor: float
 
 
+# Ranks of the group the gloo collectives are timed in (worker/collective_cost.py): the shard
+# groups the emulated benchmarks run here are 3-4 holders.
+COLLECTIVE_RANKS = 4
+
+
 @ray.remote(max_retries=0)
 def _profile_remote(request: Any) -> tuple[ProfileFile, Any]:
     """Profile on this node; drop the emulated slow-down where a real GPU is present."""
+    from orchestrator.worker.collective_cost import measure_collective_cost
     from orchestrator.worker.p2p_latency import measure_p2p_latency_s
     from orchestrator.worker.profiler import profile
 
@@ -46,8 +52,12 @@ def _profile_remote(request: Any) -> tuple[ProfileFile, Any]:
         request = replace(request, slowdown_factor=1.0)
     result = profile(request)
     if not gpu and result.runtime is not None:
-        # Ranks on CPU nodes talk over gloo: its per-message latency, on this node.
-        constants = result.runtime.model_copy(update={"p2p_latency_s": measure_p2p_latency_s()})
+        # Ranks on CPU nodes talk over gloo: its per-message latency, and the layer-by-layer
+        # sharded path's per-collective cost, on this node.
+        cost = measure_collective_cost(ranks=COLLECTIVE_RANKS)
+        constants = result.runtime.model_copy(
+            update={"p2p_latency_s": measure_p2p_latency_s(), **asdict(cost)}
+        )
         result = result.model_copy(update={"runtime": constants})
     return result, request
 

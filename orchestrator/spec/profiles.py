@@ -12,7 +12,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+)
 
 from orchestrator.errors import SpecError
 from orchestrator.spec.model import ModelSpec
@@ -86,6 +94,12 @@ class RuntimeConstants(BaseModel):
     ``p2p_latency_s``: seconds of one point-to-point message between two gloo ranks on a node of
     this type, beyond its bytes over the link (``worker/p2p_latency.py``; None: not measured, as
     on GPU nodes, whose transfers are NCCL's); the cost model charges it per boundary transfer.
+
+    ``gather_latency_s`` / ``gather_bytes_per_s`` and ``reduce_latency_s`` /
+    ``reduce_bytes_per_s``: one gloo gather (``broadcast``) and one reduction of the
+    layer-by-layer sharded path among ranks on a node of this type, each as ``latency + bytes /
+    rate`` with its buffer work (``worker/collective_cost.py``; None: not measured, GPU nodes
+    too); the cost model charges them per collective of that path.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -100,6 +114,10 @@ class RuntimeConstants(BaseModel):
     call_forward_s: NonNegativeFloat | None = None
     call_backward_s: NonNegativeFloat | None = None
     p2p_latency_s: NonNegativeFloat | None = None
+    gather_latency_s: NonNegativeFloat | None = None
+    gather_bytes_per_s: PositiveFloat | None = None
+    reduce_latency_s: NonNegativeFloat | None = None
+    reduce_bytes_per_s: PositiveFloat | None = None
 
 
 class ProfileFile(BaseModel):

@@ -14,7 +14,8 @@ Pure (no torch), so the Ray side can compute factors in the driver.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TypeVar
 
 from orchestrator.errors import SpecError
@@ -70,6 +71,13 @@ class Stretcher:
     whatever the host does, as a real device would. When the host is so busy that the work's wall
     time exceeds the emulated time, the wall time counts (the host is the bottleneck, and the
     step times say so).
+
+    Work inside a call that is not the device's compute (the layer-by-layer sharded path's
+    collectives, issued from the layers' hooks, and the buffers they fill:
+    ``worker/layerwise.py``) runs under :meth:`aside`: its CPU time is left out of the stretch
+    and its wall time is added to the call's emulated time, as a synchronous collective adds
+    to a real device's step. (Stretched, it would be charged ``factor`` times its CPU time
+    while its waits for the other ranks hid inside the sleep.)
     """
 
     def __init__(self, factor: float = 1.0) -> None:
@@ -83,6 +91,7 @@ class Stretcher:
         self.base_factor = factor  # from the node's speed label; ``throttle`` multiplies it
         self.compute_s = 0.0  # measured compute plus the emulated stretch
         self._reference_cpu_s: dict[Hashable, float] = {}
+        self._aside_wall_s = self._aside_cpu_s = 0.0  # within the current call
 
     @property
     def emulated(self) -> bool:
@@ -99,6 +108,7 @@ class Stretcher:
         ``key`` names repeating work (e.g. ``("forward", 8)``): its reference CPU time is the
         least seen so far for the key. Without a key, this call's own CPU time is stretched.
         """
+        self._aside_wall_s = self._aside_cpu_s = 0.0
         start = time.perf_counter()
         cpu_start = time.thread_time()
         result = fn()
@@ -111,19 +121,32 @@ class Stretcher:
         if self.base_factor == 1.0:
             # A full-speed node throttled: what it took, stretched. (Its CPU time would be a
             # different clock from the wall time its unthrottled steps were measured by.)
-            emulated_s = self.factor * wall_s
+            aside_s = self._aside_wall_s
+            emulated_s = self.factor * (wall_s - aside_s) + aside_s
             time.sleep(emulated_s - wall_s)
             self.compute_s += emulated_s
             return result
-        cpu_s = time.thread_time() - cpu_start
+        cpu_s = time.thread_time() - cpu_start - self._aside_cpu_s
         if key is not None:
             cpu_s = min(cpu_s, self._reference_cpu_s.get(key, cpu_s))
             self._reference_cpu_s[key] = cpu_s
-        emulated_s = self.factor * cpu_s
+        emulated_s = self.factor * cpu_s + self._aside_wall_s
         if emulated_s > wall_s:
             time.sleep(emulated_s - wall_s)
         self.compute_s += max(emulated_s, wall_s)
         return result
+
+    @contextmanager
+    def aside(self) -> Iterator[None]:
+        """Run the body as work beside the current call's compute: timed by the wall clock,
+        not stretched (see the class docstring). Outside :meth:`run` it changes nothing."""
+        start = time.perf_counter()
+        cpu_start = time.thread_time()
+        try:
+            yield
+        finally:
+            self._aside_wall_s += time.perf_counter() - start
+            self._aside_cpu_s += time.thread_time() - cpu_start
 
     def throttle(self, multiplier: float) -> None:
         """Run ``multiplier`` times slower than the node's labelled speed from the next piece of

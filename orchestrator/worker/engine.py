@@ -181,7 +181,11 @@ class StageEngine(LayerStates):
         )
         if self.sharding.groups and layerwise.applies(self.config.plan, self.model):
             self.layerwise = layerwise.LayerwiseZero(
-                self.config.plan, self.sharding, self.layers, lambda: self._activations
+                self.config.plan,
+                self.sharding,
+                self.layers,
+                lambda: self._activations,
+                self.stretcher.aside,
             )
         # Every holder of a gradient group must build the same buffers, so the choice is the
         # plan's, not the rank's: sharded groups that reduce their own gradients

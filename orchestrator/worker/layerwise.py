@@ -37,8 +37,10 @@ with the hooks idle, and the next step's :meth:`LayerwiseZero.begin` frees them 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -92,12 +94,17 @@ class LayerwiseZero:
         state: ShardedState,
         layers: dict[int, nn.Module],
         account: Callable[[], ActivationAccount | None] = lambda: None,
+        aside: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
+        """``aside``: the context the hooks' collectives and buffers run in, inside the
+        stretched forward and backward calls (``Stretcher.aside``: timed by the wall clock,
+        not stretched as the device's compute)."""
         assert len(state.groups) == 1, "one shard group holds every layer of a one-stage replica"
         self.state = state
         self.g: _Group = state.groups[0]
         self.full = self.g.shards_parameters
         self.account = account
+        self.aside = aside
         self.max_rounds = max(
             math.ceil(rep.batch_size / plan.microbatch_size) for rep in plan.replicas
         )
@@ -275,6 +282,10 @@ class LayerwiseZero:
             raise RuntimeError("a round's collectives differ from the first round's")
 
     def _finish_layer(self, layer: _Layer) -> None:
+        with self.aside():
+            self._finish_layer_aside(layer)
+
+    def _finish_layer_aside(self, layer: _Layer) -> None:
         assert layer.grads is not None
         offset = 0
         for p, shape in zip(layer.params, layer.shapes, strict=True):
@@ -296,6 +307,10 @@ class LayerwiseZero:
 
     def _gather(self, layer: _Layer) -> None:
         """Whole parameters of ``layer`` from its owners' slices."""
+        with self.aside():
+            self._gather_aside(layer)
+
+    def _gather_aside(self, layer: _Layer) -> None:
         flat = self._buffer(layer.numel, weights=True)
         self._gather_into(layer, flat)
         offset = 0
@@ -335,7 +350,8 @@ class LayerwiseZero:
     def _point_grads(self, layer: _Layer) -> None:
         """The layer's gradients become views of one zeroed flat buffer: autograd accumulates
         into them in place, and the buffer is what is reduced."""
-        flat = self._buffer(layer.numel, weights=False, zero=True)
+        with self.aside():
+            flat = self._buffer(layer.numel, weights=False, zero=True)
         offset = 0
         for p, shape in zip(layer.params, layer.shapes, strict=True):
             n = shape.numel()

@@ -41,6 +41,10 @@ def test_profiles_every_device_type_and_caches(ray_cluster: object, tmp_path: Pa
         assert constants.round_trip_s is not None and 0 < constants.round_trip_s < 5.0
         # CPU nodes: gloo's per-message latency, measured on the node.
         assert constants.p2p_latency_s is not None and 0 < constants.p2p_latency_s < 0.05
+        # and the layer-by-layer sharded path's per-collective cost
+        assert constants.gather_latency_s is not None
+        assert 0 < constants.gather_latency_s < 0.05
+        assert constants.reduce_bytes_per_s is not None and constants.reduce_bytes_per_s > 0
     second = profile_device_types(job, nodes, [1, 2], tmp_path / "out", tmp_path / "cache")
     assert all(p.from_cache for p in second)
     # The cache keeps the round trip: a cached profile is not timed again.
