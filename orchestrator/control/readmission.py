@@ -5,11 +5,12 @@ Called from RUNNING after each committed step. Three moments:
 - *track*: which nodes planned as slow have no work in the running plan (their cool-down runs);
 - *try*: a due node is planned at its labelled speed; the switch rule decides, and a switch
   taken puts the node on trial (a ``readmit`` event, plan reason ``readmit``);
-- *judge*: once the trial's plan has run a straggler window, the node's stages against the
-  other stages (each stage's time as the straggler detector measured it, over the cost model's
-  prediction), or the whole step against the expected one where the node runs every measured
-  stage, say whether the node is back or still slow (it then gets its slowdown back and the
-  planner is asked again, so it is dropped again with a longer cool-down).
+- *judge*: each step of the trial's plan is handed to the policy; once the plan has run its
+  warm-up step, its settling steps and a straggler window (``TrialWindow``), the node's stages
+  against the other stages over that window (each stage's median compute time over the trial
+  plan's prediction), or the whole step against the expected one where the node runs every
+  measured stage, say whether the node is back or still slow (it then gets its slowdown back
+  and the planner is asked again, so it is dropped again with a longer cool-down).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from orchestrator.errors import InfeasibleError, TransientError
 from orchestrator.policies.readmit import ReadmitPolicy, Rule
 from orchestrator.policies.replan import ReplanDecision
 from orchestrator.spec.plan import Plan
+from orchestrator.spec.reports import StepReport
 
 
 def stage_nodes(ctx: RunContext, plan: Plan) -> dict[tuple[int, int], str]:
@@ -39,23 +41,18 @@ def nodes_with_work(ctx: RunContext, plan: Plan) -> set[str]:
     return set(stage_nodes(ctx, plan).values())
 
 
-def stage_ratios(ctx: RunContext) -> dict[tuple[int, int], float]:
-    """Each stage of the running plan: measured / predicted compute time, where the straggler
-    detector has measured it (the median of its first window after the warm-up, see
-    ``policies/straggler.py``) and the plan's proposal predicts it."""
+def predicted_stage_s(ctx: RunContext) -> dict[tuple[int, int], float]:
+    """The running plan's own per-stage predicted compute times (the cost model's per-stage
+    busy time where the planner gave it, else the detector's baselines)."""
     led = ctx.ledger
     if led.proposal is None:
         return {}
-    predicted = led.proposal.predicted_stage_s or led.proposal.stage_compute_s
-    return {
-        key: measured_s / predicted[key]
-        for key, measured_s in led.stragglers.measured_s.items()
-        if predicted.get(key, 0.0) > 0 and measured_s > 0
-    }
+    return dict(led.proposal.predicted_stage_s or led.proposal.stage_compute_s)
 
 
-def after_step(ctx: RunContext, s: RunningState) -> ResizingState | None:
-    """Judge a trial, track idle slow nodes, try a due one: the switch to make, or None."""
+def after_step(ctx: RunContext, s: RunningState, report: StepReport) -> ResizingState | None:
+    """Judge a trial (``report``: the step just committed), track idle slow nodes, try a due
+    one: the switch to make, or None."""
     policy = ctx.readmit
     led = ctx.ledger
     plan = s.proposal.plan
@@ -69,6 +66,10 @@ def after_step(ctx: RunContext, s: RunningState) -> ResizingState | None:
             if trial is not None:
                 led.slowdown_by_node.setdefault(trial_node, trial.slowdown)
         else:
+            policy.observe(
+                {(t.replica, t.stage): t.compute_s for t in report.stage_timings},
+                report.step_duration_s,
+            )
             return _judge(ctx, s, policy)
     slow = {n for n, f in led.slowdown_by_node.items() if f > 1.0}
     if led.snapshot is None or not (slow or policy.idle_since_s):
@@ -153,15 +154,11 @@ def _judge(ctx: RunContext, s: RunningState, policy: ReadmitPolicy) -> ResizingS
     """The trial plan runs: after a straggler window, is the node back or still slow?"""
     led = ctx.ledger
     trial = policy.trial
-    if trial is None or led.measurements.steps_seen - 1 < policy.window:
+    if trial is None:
         return None
     on_node = {k for k, n in stage_nodes(ctx, s.proposal.plan).items() if n == trial.node}
-    verdict = policy.judge(
-        led.measurements.steps_seen - 1,
-        led.measurements.current_step_s,
-        stage_ratios(ctx),
-        on_node,
-    )
+    # Held against the trial plan's own predictions: the ledger's proposal is the trial's here.
+    verdict = policy.judge_measured(predicted_stage_s(ctx), on_node)
     if verdict is None:
         return None
     t = verdict.trial
@@ -172,6 +169,8 @@ def _judge(ctx: RunContext, s: RunningState, policy: ReadmitPolicy) -> ResizingS
         "expected_step_s": t.expected_step_s,
         "ratio": verdict.ratio,
         "still_slow": verdict.still_slow,
+        "settle_steps": policy.settling_steps,  # not judged, after the warm-up step
+        "settling_ratio": verdict.settling_ratio,  # the same rule over those (not acted on)
     }
     if verdict.rule == Rule.STAGES:
         numbers.update(node_ratio=verdict.node_ratio, others_ratio=verdict.others_ratio)

@@ -89,7 +89,7 @@ def run_one(ctx: RunContext, s: RunningState) -> ControllerState:
     sped_up = _speedups(ctx, s)
     if sped_up:
         return _on_speedups(ctx, s, sped_up) or s
-    return readmission.after_step(ctx, s) or s
+    return readmission.after_step(ctx, s, report) or s
 
 
 def _news(ctx: RunContext) -> bool:

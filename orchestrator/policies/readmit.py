@@ -8,17 +8,22 @@ after it cooled down. This policy gives such a node a way back:
   *idle*. Once it has been idle for its cool-down, it is *due*: the controller asks the planner
   again with the node at its labelled speed (its measured slowdown left out) and, if that plan
   gives the node work and the switch rule takes it, switches: the node is *on trial*.
-- A trial is judged once the new plan has run ``window`` measured steps, by one of two rules:
+- A trial is judged on the trial plan's own steps (:class:`TrialWindow`): the launch's warm-up
+  step and the next ``settle_steps`` (by default one ``window``) are not judged, since the first
+  steps after a re-formation run slower on a freshly started or freshly loaded rank (lazy
+  initialisation, caches, an emulated device still learning its reference time) and slower on
+  it than on ranks that kept their state; the ``window`` steps after those are. By one of two
+  rules:
 
   * *stages* (whenever the trial plan has a stage off the node with a measured window): as the
     straggler rule judges (``policies/straggler.py``), each stage's measured / predicted compute
-    time (the median of its window over the cost model's prediction for the trial plan), the
-    node's slowest stage against the lower median of the other stages'. A slowdown that hits
-    every stage alike (nodes sharing CPUs, a contended cluster, a model that is off for the
-    whole plan) cancels out; only the node being slower than the rest counts.
+    time (the median of its judged window over the cost model's prediction for the trial plan),
+    the node's slowest stage against the lower median of the other stages' over the same steps.
+    A slowdown that hits every stage alike (nodes sharing CPUs, a contended cluster, a model
+    that is off for the whole plan) cancels out; only the node being slower than the rest counts.
   * *step* (the fallback: the node runs every measured stage, e.g. it is the only worker, or the
     controller has no per-stage predictions or timings): the trial plan's measured step time
-    (the median over the window) against what the switch rule expected of it.
+    (the median over the judged window) against what the switch rule expected of it.
 
   A ratio above ``threshold``: the node is *still slow*; it gets its old slowdown back (a re-plan
   drops it again) and its next cool-down is ``backoff`` times longer, up to ``max_cooldown_s``,
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from orchestrator.spec.plan import Plan
 
@@ -53,6 +58,55 @@ class Trial:
 
 
 StageKey = tuple[int, int]  # (replica, stage)
+
+
+@dataclass
+class TrialWindow:
+    """The trial plan's steps as measured: each stage's compute time and the step time, kept for
+    the ``settle_steps`` after the launch's ``warmup_steps`` (not judged: see the module
+    docstring) and the ``window`` steps after those (judged)."""
+
+    window: int
+    settle_steps: int
+    warmup_steps: int = 1
+    steps: int = 0  # steps seen under the trial plan, the unjudged ones included
+    _rows: list[tuple[dict[StageKey, float], float]] = field(default_factory=list)
+
+    def observe(self, stage_compute_s: Mapping[StageKey, float], step_s: float) -> None:
+        """One step of the trial plan: each stage's compute time, and the step's."""
+        self.steps += 1
+        if self.steps > self.warmup_steps and len(self._rows) < self.settle_steps + self.window:
+            self._rows.append((dict(stage_compute_s), step_s))
+
+    @property
+    def judged_steps(self) -> int:
+        """Steps past the warm-up and the settling steps (the verdict waits for ``window``)."""
+        return max(0, len(self._rows) - self.settle_steps)
+
+    def step_s(self, settling: bool = False) -> float:
+        """The median step time of the judged window (``settling``: of the last ``window`` of
+        the settling steps); 0 before one was measured."""
+        rows = self._window(settling)
+        return statistics.median(step_s for _, step_s in rows) if rows else 0.0
+
+    def stage_ratios(
+        self, predicted_s: Mapping[StageKey, float], settling: bool = False
+    ) -> dict[StageKey, float]:
+        """Each stage timed in every step of the judged window (``settling``: of the settling
+        steps' last window) and predicted: the median of its times over its predicted compute
+        time. Every stage is measured over the same steps."""
+        rows = self._window(settling)
+        keys = set.intersection(*(set(r) for r, _ in rows)) if rows else set()
+        return {
+            key: statistics.median(r[key] for r, _ in rows) / predicted_s[key]
+            for key in sorted(keys)
+            if predicted_s.get(key, 0.0) > 0
+        }
+
+    def _window(self, settling: bool) -> list[tuple[dict[StageKey, float], float]]:
+        if settling:
+            return self._rows[: self.settle_steps][-self.window :]
+        return self._rows[self.settle_steps : self.settle_steps + self.window]
 
 
 class Rule:
@@ -77,6 +131,9 @@ class Verdict:
     rule: str = Rule.STEP
     node_ratio: float | None = None
     others_ratio: float | None = None
+    # The same rule over the settling steps (what judging the first window after the launch
+    # would have said; None without settling steps): kept for the record, never acted on.
+    settling_ratio: float | None = None
 
 
 @dataclass
@@ -88,9 +145,11 @@ class ReadmitPolicy:
     max_cooldown_s: float = 1800.0
     threshold: float = 1.3
     window: int = 5
+    settle_steps: int | None = None  # trial steps not judged after the warm-up; None: window
     idle_since_s: dict[str, float] = field(default_factory=dict)
     failed_trials: dict[str, int] = field(default_factory=dict)  # in a row, per node
     trial: Trial | None = None
+    measured: TrialWindow | None = None  # the trial plan's steps (while a trial runs)
 
     def cooldown_for(self, node: str) -> float:
         """The node's current cool-down: longer after each trial that found it still slow."""
@@ -132,7 +191,37 @@ class ReadmitPolicy:
         """The switch to ``plan``, which gives ``node`` work at its labelled speed, was taken."""
         self.idle_since_s.pop(node, None)
         self.trial = Trial(node, slowdown, expected_step_s, now_s, plan, calibration)
+        self.measured = TrialWindow(self.window, self.settling_steps)
         return self.trial
+
+    @property
+    def settling_steps(self) -> int:
+        """Steps of a trial plan not judged after its warm-up step (``settle_steps``, or one
+        ``window`` by default)."""
+        return self.window if self.settle_steps is None else self.settle_steps
+
+    def observe(self, stage_compute_s: Mapping[StageKey, float], step_s: float) -> None:
+        """A step of the trial plan (each stage's compute time, the step time); no-op without
+        a trial."""
+        if self.measured is not None and self.trial is not None:
+            self.measured.observe(stage_compute_s, step_s)
+
+    def judge_measured(
+        self, predicted_stage_s: Mapping[StageKey, float], node_stages: Set[StageKey]
+    ) -> Verdict | None:
+        """The verdict on the steps :meth:`observe` was given (see :meth:`judge`), once the
+        trial plan has run its warm-up, settling and judged window; else None."""
+        m, trial = self.measured, self.trial
+        if trial is None or m is None:
+            return None
+        verdict = self.judge(
+            m.judged_steps, m.step_s(), m.stage_ratios(predicted_stage_s), node_stages
+        )
+        if verdict is None or m.settle_steps == 0:
+            return verdict
+        settled = m.stage_ratios(predicted_stage_s, settling=True)
+        _, settling_ratio, _, _ = _relative(trial, m.step_s(settling=True), settled, node_stages)
+        return replace(verdict, settling_ratio=settling_ratio)
 
     def judge(
         self,
@@ -141,7 +230,7 @@ class ReadmitPolicy:
         stage_ratios: Mapping[StageKey, float] | None = None,
         node_stages: Set[StageKey] = frozenset(),
     ) -> Verdict | None:
-        """After the trial plan's ``window`` measured steps: the verdict (the trial ends).
+        """After ``window`` judged steps of the trial plan: the verdict (the trial ends).
 
         ``stage_ratios``: each stage of the trial plan with a full window, its measured /
         predicted compute time; ``node_stages``: the stages on the node on trial. With a ratio
@@ -150,21 +239,10 @@ class ReadmitPolicy:
         trial = self.trial
         if trial is None or measured_steps < self.window:
             return None
-        self.trial = None
-        ratios = {k: r for k, r in (stage_ratios or {}).items() if r > 0}
-        own = [r for k, r in ratios.items() if k in node_stages]
-        rest = [r for k, r in ratios.items() if k not in node_stages]
-        node_ratio = others = None
-        if own and rest:
-            rule = Rule.STAGES
-            # Its slowest stage counts, as for the straggler rule's factor per node; the lower
-            # median of the rest lets up to half of them be slow too and still tell.
-            node_ratio, others = max(own), statistics.median_low(rest)
-            ratio = node_ratio / others
-        else:
-            rule = Rule.STEP
-            expected_s = trial.expected_step_s
-            ratio = measured_step_s / expected_s if expected_s > 0 else 1.0
+        self.trial = self.measured = None
+        rule, ratio, node_ratio, others = _relative(
+            trial, measured_step_s, stage_ratios or {}, node_stages
+        )
         still_slow = ratio > self.threshold
         if still_slow:
             self.failed_trials[trial.node] = self.failed_trials.get(trial.node, 0) + 1
@@ -184,7 +262,27 @@ class ReadmitPolicy:
     def abandon(self, found_slow: bool) -> Trial | None:
         """Another plan replaced the trial's before its verdict; ``found_slow``: the straggler
         rule found the node slow meanwhile (that counts as a failed trial)."""
-        trial, self.trial = self.trial, None
+        trial, self.trial, self.measured = self.trial, None, None
         if trial is not None and found_slow:
             self.failed_trials[trial.node] = self.failed_trials.get(trial.node, 0) + 1
         return trial
+
+
+def _relative(
+    trial: Trial,
+    measured_step_s: float,
+    stage_ratios: Mapping[StageKey, float],
+    node_stages: Set[StageKey],
+) -> tuple[str, float, float | None, float | None]:
+    """The rule that applies, the ratio it holds against the threshold, and under the stages
+    rule the node's and the others' measured / predicted (see the module docstring)."""
+    ratios = {k: r for k, r in stage_ratios.items() if r > 0}
+    own = [r for k, r in ratios.items() if k in node_stages]
+    rest = [r for k, r in ratios.items() if k not in node_stages]
+    if own and rest:
+        # Its slowest stage counts, as for the straggler rule's factor per node; the lower
+        # median of the rest lets up to half of them be slow too and still tell.
+        node_ratio, others = max(own), statistics.median_low(rest)
+        return Rule.STAGES, node_ratio / others, node_ratio, others
+    expected_s = trial.expected_step_s
+    return Rule.STEP, measured_step_s / expected_s if expected_s > 0 else 1.0, None, None

@@ -65,12 +65,12 @@ def test_a_straggler_left_without_work_is_readmitted_after_its_cooldown(
         elasticity={
             "switch_threshold": 0.0,
             "straggler_window_steps": 3,
-            # The trial's verdict compares the node's stages with the other node's, so the
-            # CPUs both emulated nodes share slow them alike and cancel out. On a loaded host
-            # a freshly readmitted node's first window still measured up to ~1.3x the other
-            # stage, so the threshold sits between that and the 12x throttle it must tell
-            # apart (the rule, not the margin, is what this test checks).
-            "straggler_threshold": 2.0,
+            # The default straggler_threshold (1.3) judges the trial. Its verdict compares the
+            # node's stages with the other node's over the window after the settling steps, so
+            # the CPUs both emulated nodes share slow them alike and cancel out, and the slower
+            # first steps of the freshly loaded rank are not judged. Measured with the node at
+            # full speed (docs/benchmarks.md): 0.91x-1.08x relative over three runs, 0.22 or
+            # more under the threshold; the 12x throttle read 8.6x-12.1x when it was dropped.
             "readmit_cooldown_s": COOLDOWN_S,
         },
         profiles=str(tmp_path / "profiles"),
@@ -118,6 +118,7 @@ def test_a_straggler_left_without_work_is_readmitted_after_its_cooldown(
         verdict = f.of_kind("readmit")[1]
         assert verdict.data["node"] == slow and verdict.data["still_slow"] is False, verdict
         assert verdict.data["rule"] == "stages", verdict  # the other node's stages to compare
+        assert verdict.data["settle_steps"] == 3, verdict  # one straggler window, not judged
         assert len(f.plans) == 3  # not dropped again
         on_slow = _replicas_on(trial, slow)
         under_trial = [d.report for d in tap.done if d.time_s > readmitted_at]
@@ -129,7 +130,9 @@ def test_a_straggler_left_without_work_is_readmitted_after_its_cooldown(
         print(
             f"\nreadmit timings: throttle -> straggler plan {dropped_at - throttled_at:.1f} s "
             f"(slowdown {detected[0].data['slowdown_factor']:.2f}x); drop -> readmit plan "
-            f"{readmitted_at - dropped_at:.1f} s (cool-down {COOLDOWN_S:.0f} s); verdict "
+            f"{readmitted_at - dropped_at:.1f} s (cool-down {COOLDOWN_S:.0f} s); verdict (after "
+            f"{verdict.data['settle_steps']} settling steps, over which the same rule read "
+            f"{verdict.data['settling_ratio']:.2f}x) "
             f"{verdict.data['ratio']:.2f}x the other stages (its "
             f"{verdict.data.get('node_ratio') or 0:.2f}x predicted, the others' "
             f"{verdict.data.get('others_ratio') or 0:.2f}x; whole step "

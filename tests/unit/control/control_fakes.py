@@ -221,6 +221,10 @@ class FakeWorkerGroup:
         # Nodes sharing a host's CPUs: with this many nodes working, every stage is this many
         # times slower (absent: 1).
         self.contention: dict[int, float] = {}
+        # node -> factors its compute is slowed by on its first steps after each launch that gives
+        # it work (a freshly loaded rank warming up); later steps run at its speed.
+        self.warmup: dict[str, tuple[float, ...]] = {}
+        self.steps_since_launch = 0
         self.before_step: Callable[[int], None] | None = None  # hook: inject events mid-step
         self.step_errors: dict[int, Exception] = {}  # step -> exception it raises
         self.overflows: dict[int, int] = {}  # step -> times it overflows in fp16 (no update)
@@ -230,6 +234,7 @@ class FakeWorkerGroup:
     def launch(self, plan: Plan, restore: RestoreSource) -> None:
         self.clock.advance(self.launch_s)
         self.launches.append((plan, restore))
+        self.steps_since_launch = 0
         ranks = [(r, s) for r, rep in enumerate(plan.replicas) for s in rep.stages]
         self.rank_node = self._place([s for _, s in ranks])
         self.rank_layers = {i: s.layers for i, (_, s) in enumerate(ranks)}
@@ -259,11 +264,15 @@ class FakeWorkerGroup:
             for s, stage in enumerate(rep.stages):
                 compute_s = rep.batch_size / speed / len(rep.stages)
                 compute_s *= self.throttle.get(stage.node or "", 1.0) * crowd
+                warming = self.warmup.get(stage.node or "", ())
+                if self.steps_since_launch < len(warming):
+                    compute_s *= warming[self.steps_since_launch]
                 timings.append(StageTiming(r, s, stage.device_type, compute_s, 0.0))
                 total_s += compute_s
             replica_s.append(total_s)
         duration_s = max(replica_s)
         self.clock.advance(duration_s)
+        self.steps_since_launch += 1
         if self.overflows.get(step, 0) > 0:  # like the engine: no rank applies it, scale halves
             self.overflows[step] -= 1
             scale, self.loss_scale = self.loss_scale, self.loss_scale / 2

@@ -100,6 +100,67 @@ def test_without_another_stage_to_compare_with_the_whole_step_judges():
     assert others_only is not None and others_only.rule == Rule.STEP
 
 
+# Trial plan of two one-stage replicas, 1.0 s predicted each; the node on trial runs replica 1.
+PREDICTED = {(0, 0): 1.0, (1, 0): 1.0}
+
+
+def _steps(p: ReadmitPolicy, node_s: list[float], other_s: float = 1.0) -> list[object]:
+    """Hand the trial plan's steps to ``p``; what :meth:`judge_measured` said after each."""
+    said = []
+    for compute_s in node_s:
+        p.observe({(0, 0): other_s, (1, 0): compute_s}, max(other_s, compute_s))
+        said.append(p.judge_measured(PREDICTED, {(1, 0)}))
+    return said
+
+
+def test_a_trial_is_judged_on_the_window_after_its_settling_steps():
+    """A freshly loaded rank runs its first steps after the re-formation slower than the rank
+    that kept its state (measured on a Ray run: up to ~1.3x over the first window). The warm-up
+    step and one window of settling steps are not judged; the next window is."""
+    p = ReadmitPolicy(threshold=1.3, window=3)
+    p.begin("b", 12.0, expected_step_s=1.0, now_s=0.0)
+    warm_up, settling, judged = [3.0], [1.5, 1.45, 1.4], [1.06, 1.04, 1.05]
+    said = _steps(p, warm_up + settling + judged)
+    assert said[:-1] == [None] * 6
+    verdict = said[-1]
+    assert verdict is not None and verdict.rule == Rule.STAGES and not verdict.still_slow
+    assert verdict.node_ratio == pytest.approx(1.05) and verdict.others_ratio == 1.0
+    # Judging the first window after the warm-up would have found it still slow.
+    assert verdict.settling_ratio == pytest.approx(1.45)
+    assert verdict.measured_step_s == pytest.approx(1.05)
+    assert p.trial is None and p.measured is None and p.failed_trials == {}
+
+
+@pytest.mark.parametrize("throttle", [3.0, 12.0])
+def test_a_node_still_throttled_is_still_slow_on_the_judged_window(throttle: float):
+    p = ReadmitPolicy(cooldown_s=60.0, threshold=1.3, window=3)
+    p.begin("b", throttle, expected_step_s=1.0, now_s=0.0)
+    # Warming up on top of its throttle, then throttled; the other stage 1.1x its prediction.
+    node_s = [throttle * f for f in (2.0, 1.4, 1.3, 1.2, 1.0, 1.0, 1.0)]
+    verdict = _steps(p, node_s, other_s=1.1)[-1]
+    assert verdict is not None and verdict.rule == Rule.STAGES and verdict.still_slow
+    assert verdict.ratio == pytest.approx(throttle / 1.1)
+    assert verdict.settling_ratio == pytest.approx(throttle * 1.3 / 1.1)
+    assert verdict.next_cooldown_s == 120.0 and p.failed_trials == {"b": 1}
+
+
+def test_the_settling_steps_can_be_set_and_the_step_rule_uses_the_judged_window_too():
+    p = ReadmitPolicy(threshold=1.3, window=2, settle_steps=1)
+    p.begin("b", 3.0, expected_step_s=1.0, now_s=0.0)
+    for step_s in (5.0, 2.0):  # warm-up, settling: not judged
+        p.observe({}, step_s)
+        assert p.judge_measured({}, {(0, 0)}) is None
+    p.observe({}, 1.1)
+    assert p.judge_measured({}, {(0, 0)}) is None  # half a window
+    p.observe({}, 1.3)
+    verdict = p.judge_measured({}, {(0, 0)})
+    assert verdict is not None and verdict.rule == Rule.STEP and not verdict.still_slow
+    assert verdict.measured_step_s == pytest.approx(1.2) and verdict.ratio == pytest.approx(1.2)
+    assert verdict.settling_ratio == pytest.approx(2.0)  # the settling step's, under its rule
+    p.observe({}, 9.0)  # after the verdict: nothing on trial, nothing kept
+    assert p.measured is None and p.judge_measured({}, {(0, 0)}) is None
+
+
 def test_a_node_still_slow_waits_longer_each_time_up_to_the_cap():
     p = ReadmitPolicy(cooldown_s=60.0, backoff=2.0, max_cooldown_s=200.0, window=3)
     cooldowns = []
@@ -202,6 +263,25 @@ def test_a_readmitted_node_on_a_crowded_host_is_judged_against_the_other_stages(
     assert verdict.data["node_ratio"] == pytest.approx(1.6)
     assert verdict.data["others_ratio"] == pytest.approx(1.6)
     assert verdict.data["ratio"] == pytest.approx(1.0)
+    assert h.controller.ledger.slowdown_by_node == {}
+    h.states_until(lambda c: c.done, limit=2000)
+    assert len(h.workers.launches) == 3  # kept: not dropped again
+    assert h.final_layer_states() == {i: tuple(range(200)) for i in range(NUM_LAYERS)}
+
+
+def test_a_readmitted_node_warming_up_after_the_re_formation_is_found_back():
+    """b's first steps under the trial plan run slower than a's (a freshly loaded rank warming
+    up: 1.5x, 1.45x, 1.4x after the warm-up step); judged on the window after those, it is back
+    at speed and kept."""
+    h = _dropped_harness(total_steps=200, stage_predictions=True)
+    h.workers.throttle["b"] = 1.0
+    h.workers.warmup["b"] = (2.0, 1.5, 1.45, 1.4, 1.0)
+    h.states_until(lambda c: len(c.journal.of_kind(EventKind.READMIT)) == 2, limit=2000)
+    verdict = h.controller.journal.of_kind(EventKind.READMIT)[1]
+    assert verdict.data["rule"] == Rule.STAGES and verdict.data["still_slow"] is False
+    assert verdict.data["ratio"] == pytest.approx(1.0)
+    assert verdict.data["settle_steps"] == 5  # one straggler window (5 steps)
+    assert verdict.data["settling_ratio"] == pytest.approx(1.4)  # the old rule's: still slow
     assert h.controller.ledger.slowdown_by_node == {}
     h.states_until(lambda c: c.done, limit=2000)
     assert len(h.workers.launches) == 3  # kept: not dropped again
