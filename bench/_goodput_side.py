@@ -50,7 +50,8 @@ class Timeline:
     rows: list[Row] = field(default_factory=list)
     started_s: float = float("nan")  # the reference window opens (training warmed up)
     kills_s: list[float] = field(default_factory=list)
-    replaced_s: list[float] = field(default_factory=list)
+    replace_asked_s: list[float] = field(default_factory=list)  # each replacement's start asked
+    replaced_s: list[float] = field(default_factory=list)  # ... and its raylet registered
     killed_nodes: list[str] = field(default_factory=list)
     add_failures: list[str] = field(default_factory=list)  # replacements that did not start
     boot_niced: list[bool] = field(default_factory=list)  # each replacement booted at nice 19
@@ -108,6 +109,7 @@ def drive(
             pending_adds.append((now + schedule.replace_after_s, victim.kind))
         if pending_adds and now >= pending_adds[0][0]:
             _, kind = pending_adds.pop(0)
+            t.replace_asked_s.append(now)
             try:
                 node = cluster.add(kind, low_priority_boot=low_priority_boot)
             except Exception as exc:  # a raylet that does not register in 30 s on a busy host
