@@ -2,10 +2,9 @@
 training, on the same local cluster and the same failure schedule.
 
 Each system gets a fresh local Ray cluster of ``--nodes`` one-CPU nodes of one device type
-(``A100-80``, emulated speed 1.0: no compute is stretched), a head holding no work, and the
-project's fast health checks (a crashed node is declared dead in ~1.4 s); the model, data, global
-batch, optimizer and checkpoint interval of bench/recovery.py. Once ``--warmup-steps`` steps are
-committed, the schedule starts:
+(``A100-80``), a head holding no work, and the project's fast health checks (a crashed node is
+declared dead in ~1.4 s); the model, data, global batch, optimizer and checkpoint interval of
+bench/recovery.py. Once ``--warmup-steps`` steps are committed, the schedule starts:
 
 - a reference window of ``--reference-s`` seconds without failures;
 - then ``--kills`` periods of ``--period-s`` seconds: at the start of each, every process of one
@@ -17,6 +16,16 @@ window of the same run (committed: the committed step count at the end of a wind
 count at its start, so steps trained again after a restart count once). Also: the steps lost
 (trained again), the longest time without a new committed step after each kill, and the wall
 time. Target: ours >= 0.9.
+
+The nodes run at an emulated speed of ``--emulated-speed`` (default 0.25) of the host CPU, on
+both systems: every rank's forward, backward and update last 4x their CPU time, the rest spent
+asleep (``orchestrator/worker/emulation.py``; Ray Train's ranks through the same ``Stretcher``,
+bench/_raytrain_recovery.py). Why: each emulated node should behave like a machine of its own. At
+speed 1.0 three ranks fill the host's two cores, so a replacement's boot (its raylet, its actor's
+process, ``import torch``) takes CPU from the ranks training meanwhile and is itself slowed by
+them, which no new machine on a real cluster does; stretched, the ranks leave the cores room.
+``--emulated-speed 1.0`` runs the earlier set-up. Ours may run a rank's whole share of the batch
+as one microbatch (sizes 8 and 12: 24 on three and on two ranks), as each Ray Train worker does.
 
 Ours: the elastic controller actor (``orchestrator.runtime.elastic``) planning from profiles
 measured on the cluster. Our replacement nodes boot at nice 19 until an actor there starts to
