@@ -145,12 +145,15 @@ def run_ours(
 
     handle = RunHandle.start(ElasticJob.from_file(job_file))
     seen: list[Row] = []
+    timings: list[tuple[float, float, list[float]]] = []  # (wall, step s, each rank's compute s)
 
     def poll() -> bool:
         done = handle.wait(0.05)
         for u in handle.updates():
             if isinstance(u, StepDone):  # stamped when the controller committed it
                 seen.append((u.time_s, u.report.step + 1))
+                compute = [round(t.compute_s, 4) for t in u.report.stage_timings]
+                timings.append((u.time_s, u.report.step_duration_s, compute))
         return bool(done)
 
     try:
@@ -158,6 +161,15 @@ def run_ours(
                          limit_s=limit_s, log=log, name="ours",
                          low_priority_boot=low_priority_boot)  # fmt: skip
         summary = handle.status().to_json()
+        summary["step_timings"] = timings
+        # Which processes (threads) still run at a lowered priority at the end: a replacement's
+        # boot should have ended (runtime/local_nodes.py) once its actor trained.
+        ps = subprocess.run(["ps", "-eLo", "pid,tid,ni,pcpu,args"], capture_output=True, text=True)
+        summary["niced_threads"] = [
+            " ".join(line.split()[:6])[:160]
+            for line in ps.stdout.splitlines()[1:]
+            if line.split()[2] not in ("0", "-") and ("ray" in line or "python" in line)
+        ]
     finally:
         handle.stop()
     return timeline, summary

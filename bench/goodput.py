@@ -66,6 +66,7 @@ from recovery import GLOBAL_BATCH, KIND, job_spec, raytrain_config
 from orchestrator.demo.cluster import ClusterStartError, LocalCluster, NodeKind
 from orchestrator.demo.output import ray_output_to
 from orchestrator.runtime.local_ray import child_pids, kill_started
+from orchestrator.worker.emulation import SHARED_REFERENCES_ENV
 
 LIMIT_S = 300.0  # to reach the warm-up steps
 # The nodes' emulated speed relative to the host CPU (which runs at 1.0, unstretched). Below 1.0
@@ -156,6 +157,11 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
         )
         # For --json: the committed-step rows and the controller's events, in full.
         out["rows"] = [(round(t - timeline.started_s, 3), d) for t, d in timeline.rows]
+        out["step_timings"] = [
+            (round(t - timeline.started_s, 3), round(d, 4), c)
+            for t, d, c in summary["step_timings"]
+        ]
+        out["niced_threads"] = summary["niced_threads"]
         out["raw_events"] = [
             {**e, "time_s": e["time_s"] - timeline.started_s}
             for e in summary["events"]
@@ -369,8 +375,12 @@ def main() -> None:
                 log(f"{name}: {args.nodes} x {KIND.device_type} nodes (one CPU each, emulated "
                     f"speed {args.emulated_speed:g} of the host CPU)")  # fmt: skip
                 before = child_pids()
+                side_dir = work / name.split()[0].lower()
+                # Each side's ranks share the emulated devices' reference CPU times on this
+                # host (orchestrator/worker/emulation.py), new processes too; its own folder.
+                os.environ[SHARED_REFERENCES_ENV] = str(side_dir / "emulation-references")
                 try:
-                    results[name] = side(args, schedule, work / name.split()[0].lower())
+                    results[name] = side(args, schedule, side_dir)
                 except Exception as exc:  # one side failing still reports the other
                     results[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
                 finally:
