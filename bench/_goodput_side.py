@@ -50,7 +50,8 @@ class Timeline:
     rows: list[Row] = field(default_factory=list)
     started_s: float = float("nan")  # the reference window opens (training warmed up)
     kills_s: list[float] = field(default_factory=list)
-    replaced_s: list[float] = field(default_factory=list)
+    replace_asked_s: list[float] = field(default_factory=list)  # each replacement's start asked
+    replaced_s: list[float] = field(default_factory=list)  # ... and its raylet registered
     killed_nodes: list[str] = field(default_factory=list)
     add_failures: list[str] = field(default_factory=list)  # replacements that did not start
     boot_niced: list[bool] = field(default_factory=list)  # each replacement booted at nice 19
@@ -108,6 +109,7 @@ def drive(
             pending_adds.append((now + schedule.replace_after_s, victim.kind))
         if pending_adds and now >= pending_adds[0][0]:
             _, kind = pending_adds.pop(0)
+            t.replace_asked_s.append(now)
             try:
                 node = cluster.add(kind, low_priority_boot=low_priority_boot)
             except Exception as exc:  # a raylet that does not register in 30 s on a busy host
@@ -143,12 +145,15 @@ def run_ours(
 
     handle = RunHandle.start(ElasticJob.from_file(job_file))
     seen: list[Row] = []
+    timings: list[tuple[float, float, list[float]]] = []  # (wall, step s, each rank's compute s)
 
     def poll() -> bool:
         done = handle.wait(0.05)
         for u in handle.updates():
             if isinstance(u, StepDone):  # stamped when the controller committed it
                 seen.append((u.time_s, u.report.step + 1))
+                compute = [round(t.compute_s, 4) for t in u.report.stage_timings]
+                timings.append((u.time_s, u.report.step_duration_s, compute))
         return bool(done)
 
     try:
@@ -156,6 +161,15 @@ def run_ours(
                          limit_s=limit_s, log=log, name="ours",
                          low_priority_boot=low_priority_boot)  # fmt: skip
         summary = handle.status().to_json()
+        summary["step_timings"] = timings
+        # Which processes (threads) still run at a lowered priority at the end: a replacement's
+        # boot should have ended (runtime/local_nodes.py) once its actor trained.
+        ps = subprocess.run(["ps", "-eLo", "pid,tid,ni,pcpu,args"], capture_output=True, text=True)
+        summary["niced_threads"] = [
+            " ".join(line.split()[:6])[:160]
+            for line in ps.stdout.splitlines()[1:]
+            if line.split()[2] not in ("0", "-") and ("ray" in line or "python" in line)
+        ]
     finally:
         handle.stop()
     return timeline, summary

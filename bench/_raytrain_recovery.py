@@ -35,7 +35,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     from ray import train
 
     from orchestrator.worker.data import DataConfig, make_dataset
-    from orchestrator.worker.emulation import Stretcher, parse_speed
+    from orchestrator.worker.emulation import SharedReferences, Stretcher, parse_speed
     from orchestrator.worker.layers import build_layers
     from orchestrator.worker.model_api import build_model
     from orchestrator.worker.optim import make_optimizer
@@ -62,7 +62,12 @@ def _train_loop(config: dict[str, Any]) -> None:
     gbs = config["global_batch_size"]
     lo, hi = gbs * rank // world, gbs * (rank + 1) // world
     speed = parse_speed(ray.get_runtime_context().get_node_labels())
-    stretcher = Stretcher(config["fastest_speed"] / speed if speed else 1.0)
+    # Where the benchmark asks for it, the workers running the same share of the same model on
+    # this host share its reference CPU times (orchestrator/worker/emulation.py), as ours do.
+    work = json.dumps([config["model_factory"], config["model_kwargs"], hi - lo], sort_keys=True)
+    stretcher = Stretcher(
+        config["fastest_speed"] / speed if speed else 1.0, SharedReferences.for_work(work)
+    )
 
     def fwd_bwd(x: torch.Tensor, y: torch.Tensor) -> None:
         # Weighted by this worker's share so the all-reduced sum is the global-batch mean.

@@ -7,7 +7,9 @@ controller's events, wall clock) overlap it, in proportion to the overlap; what 
 covers is ``other`` (steps slower than the reference for no recorded reason: the host's load).
 
 Causes: ``detection`` (the kill -> the failure seen), ``backoff`` (the failure's wait before the
-re-plan), ``recovery`` (re-plan, re-formation and the first step after it), ``warm-up`` (a
+re-plan), ``recovery`` (re-plan, re-formation and the first step after it), ``boot`` (the
+survivors training alone after the recovery until a joiner starts to warm: the schedule's wait
+before the replacement starts, its node booting, the controller seeing it), ``warm-up`` (a
 joiner's actor starting, importing torch and building its engine while training goes on),
 ``switch`` (the re-formation onto the joined node and the new plan's first step), ``checkpoint``
 (reading and saving the layers). Their sum less the steps faster than the reference is the time
@@ -23,13 +25,20 @@ from typing import Any
 Row = tuple[float, int]
 Interval = tuple[float, float, str]
 
-CAUSES = ("detection", "backoff", "recovery", "warm-up", "switch", "checkpoint", "other")
+CAUSES = (
+    "detection", "backoff", "recovery", "boot", "warm-up", "switch", "checkpoint", "other",
+)  # fmt: skip
 
 
 def _next(
     events: Sequence[Mapping[str, Any]], after_s: float, test: Any
 ) -> Mapping[str, Any] | None:
     return next((e for e in events if e["time_s"] >= after_s and test(e)), None)
+
+
+def _is_join(e: Mapping[str, Any]) -> bool:
+    """A joiner starts to warm, or a join's switch is decided (one that needs no warm-up)."""
+    return e["kind"] == "warming" or (e["kind"] == "replan" and e["data"].get("trigger") == "join")
 
 
 def _is_overhead(e: Mapping[str, Any]) -> bool:
@@ -53,6 +62,12 @@ def intervals(events: Sequence[Mapping[str, Any]], kills_s: Sequence[float]) -> 
         )
         if done is not None:
             out.append((seen["time_s"] + backoff_s, done["time_s"], "recovery"))
+            # One node fewer until the replacement is seen and its joiner starts to warm (a
+            # join that needs no warm-up: until its switch begins).
+            joined = _next(events, done["time_s"], _is_join)
+            later = [k for k in kills_s if k > kill_s]
+            until_s = min([*later, joined["time_s"] if joined else float("inf")])
+            out.append((done["time_s"], until_s, "boot"))
     for e in events:
         if e["kind"] == "warming":
             ready = _next(

@@ -2,10 +2,9 @@
 training, on the same local cluster and the same failure schedule.
 
 Each system gets a fresh local Ray cluster of ``--nodes`` one-CPU nodes of one device type
-(``A100-80``, emulated speed 1.0: no compute is stretched), a head holding no work, and the
-project's fast health checks (a crashed node is declared dead in ~1.4 s); the model, data, global
-batch, optimizer and checkpoint interval of bench/recovery.py. Once ``--warmup-steps`` steps are
-committed, the schedule starts:
+(``A100-80``), a head holding no work, and the project's fast health checks (a crashed node is
+declared dead in ~1.4 s); the model, data, global batch, optimizer and checkpoint interval of
+bench/recovery.py. Once ``--warmup-steps`` steps are committed, the schedule starts:
 
 - a reference window of ``--reference-s`` seconds without failures;
 - then ``--kills`` periods of ``--period-s`` seconds: at the start of each, every process of one
@@ -17,6 +16,16 @@ window of the same run (committed: the committed step count at the end of a wind
 count at its start, so steps trained again after a restart count once). Also: the steps lost
 (trained again), the longest time without a new committed step after each kill, and the wall
 time. Target: ours >= 0.9.
+
+The nodes run at an emulated speed of ``--emulated-speed`` (default 0.25) of the host CPU, on
+both systems: every rank's forward, backward and update last 4x their CPU time, the rest spent
+asleep (``orchestrator/worker/emulation.py``; Ray Train's ranks through the same ``Stretcher``,
+bench/_raytrain_recovery.py). Why: each emulated node should behave like a machine of its own. At
+speed 1.0 three ranks fill the host's two cores, so a replacement's boot (its raylet, its actor's
+process, ``import torch``) takes CPU from the ranks training meanwhile and is itself slowed by
+them, which no new machine on a real cluster does; stretched, the ranks leave the cores room.
+``--emulated-speed 1.0`` runs the earlier set-up. Ours may run a rank's whole share of the batch
+as one microbatch (sizes 8 and 12: 24 on three and on two ranks), as each Ray Train worker does.
 
 Ours: the elastic controller actor (``orchestrator.runtime.elastic``) planning from profiles
 measured on the cluster. Our replacement nodes boot at nice 19 until an actor there starts to
@@ -54,23 +63,34 @@ from _goodput_side import Schedule, figures, run_ours, run_raytrain
 from _stall_causes import breakdown, intervals, step_slowdown
 from recovery import GLOBAL_BATCH, KIND, job_spec, raytrain_config
 
-from orchestrator.demo.cluster import ClusterStartError, LocalCluster
+from orchestrator.demo.cluster import ClusterStartError, LocalCluster, NodeKind
 from orchestrator.demo.output import ray_output_to
 from orchestrator.runtime.local_ray import child_pids, kill_started
+from orchestrator.worker.emulation import SHARED_REFERENCES_ENV
 
 LIMIT_S = 300.0  # to reach the warm-up steps
+# The nodes' emulated speed relative to the host CPU (which runs at 1.0, unstretched). Below 1.0
+# every rank's compute is stretched (it sleeps the rest of its emulated time), so three ranks leave
+# the two host cores room for a replacement's boot, as a new machine boots on its own CPU.
+EMULATED_SPEED = 0.25
+MICROBATCH_SIZES = [8, 12]  # a rank's share of the global batch of 24 on three and on two nodes
+REFERENCE_SPEED = 1.0  # orchestrator.runtime.discovery.emulated_reference_speed
+
+
+def node_kind(args: argparse.Namespace) -> NodeKind:
+    return NodeKind(KIND.device_type, args.emulated_speed, KIND.num_devices)
 
 
 def log(text: str) -> None:
     print(text, file=sys.__stdout__, flush=True)
 
 
-def _started(nodes: int, attempts: int = 3) -> LocalCluster:
+def _started(nodes: int, kind: NodeKind, attempts: int = 3) -> LocalCluster:
     """A started local cluster; on a busy host the head may time out starting: try again."""
     for attempt in range(1, attempts + 1):
         cluster = LocalCluster()
         try:
-            cluster.start([KIND] * nodes)
+            cluster.start([kind] * nodes)
             return cluster
         except ClusterStartError as exc:
             if attempt == attempts:
@@ -91,14 +111,17 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
     spec = job_spec(args.checkpoint_interval)
     spec["name"] = "goodput-bench"
     spec["elasticity"] = {"max_failures": 4 * args.kills}  # never the limit here
+    # Ray Train's workers each run their whole share of the batch in one pass (8 of 24 on three
+    # workers, 12 on two); ours may too: with only 8, two ranks would each run 8 + 4.
+    spec["training"]["microbatch_sizes"] = MICROBATCH_SIZES
     work.mkdir(parents=True, exist_ok=True)
     job_file = work / "job.yaml"
     job_file.write_text(json.dumps(spec))
-    cluster = _started(args.nodes)
+    cluster = _started(args.nodes, node_kind(args))
     try:
         ray.init(address=cluster.address, log_to_driver=False)
         profile_device_types(
-            worker_job(JobSpec.model_validate(spec), job_file), discover_nodes(), [8],
+            worker_job(JobSpec.model_validate(spec), job_file), discover_nodes(), MICROBATCH_SIZES,
             work / "profiles", work / "profile-cache", out=lambda s: None,
         )  # fmt: skip
         timeline, summary = run_ours(
@@ -132,6 +155,19 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
         out["survivors_alone_step_slowdown"] = step_slowdown(
             timeline.rows, _alone_spans(spans), "alone", step_s
         )
+        # For --json: the committed-step rows and the controller's events, in full.
+        out["rows"] = [(round(t - timeline.started_s, 3), d) for t, d in timeline.rows]
+        out["step_timings"] = [
+            (round(t - timeline.started_s, 3), round(d, 4), c)
+            for t, d, c in summary["step_timings"]
+        ]
+        out["niced_threads"] = summary["niced_threads"]
+        out["raw_events"] = [
+            {**e, "time_s": e["time_s"] - timeline.started_s}
+            for e in summary["events"]
+            if e["time_s"] >= timeline.started_s
+        ]
+        out["joins_s"] = _joins(timeline, summary["events"])
         out["warm_ups"] = [
             {k: e["data"].get(k) for k in ("start_s", "import_s", "build_s", "total_s")}
             for e in summary["events"]
@@ -146,6 +182,30 @@ def ours(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[str, 
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _joins(timeline: Any, events: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Each replacement, in seconds after its start was asked: its raylet registered (the
+    cluster's ``add`` returned), the controller saw it (``node_joined``), its joiner was warm,
+    the switch onto it measured."""
+    out = []
+    for i, asked in enumerate(timeline.replace_asked_s):
+        registered = timeline.replaced_s[i] if i < len(timeline.replaced_s) else float("nan")
+        marks = {"registered": registered}
+        after = asked
+        for name, kind in (("seen", "node_joined"), ("warm", "warm_ready"),
+                           ("switched", "plan_chosen")):  # fmt: skip
+            e = next(
+                (e for e in events if e["time_s"] >= after and e["kind"] == kind
+                 and (kind != "plan_chosen" or "switch_cost_s" in e["data"])),
+                None,
+            )  # fmt: skip
+            if e is None:
+                break
+            marks[name] = e["time_s"]
+            after = e["time_s"]
+        out.append({k: round(v - asked, 2) for k, v in marks.items()})
+    return out
 
 
 def _alone_spans(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
@@ -183,11 +243,11 @@ def raytrain(args: argparse.Namespace, schedule: Schedule, work: Path) -> dict[s
     import ray
 
     env = {} if args.raytrain_defaults else {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
-    cluster = _started(args.nodes)
+    cluster = _started(args.nodes, node_kind(args))
     try:
         ray.init(address=cluster.address, log_to_driver=False)  # to see which nodes host workers
         timeline = run_raytrain(
-            cluster, work, raytrain_config(), schedule,
+            cluster, work, {**raytrain_config(), "fastest_speed": REFERENCE_SPEED}, schedule,
             checkpoint_interval=args.checkpoint_interval, min_workers=args.nodes - 1,
             max_workers=args.nodes, max_failures=args.kills + 2, extra_env=env,
             warmup_steps=args.warmup_steps, limit_s=LIMIT_S, log=log,
@@ -246,6 +306,9 @@ def report(results: dict[str, dict[str, Any]], schedule: Schedule) -> None:
             ratio, n = r["warm_up_step_slowdown"]
             log(f"  {name}: median step while a joiner warms / reference step: "
                 f"{_fmt(ratio, '.2f')} ({n} steps); warm-ups, s: {r['warm_ups']}")  # fmt: skip
+        if r.get("joins_s"):
+            log(f"  {name}: each replacement, s after its start: raylet registered, seen by the "
+                f"controller, joiner warm, switched: {r['joins_s']}")  # fmt: skip
         if r.get("survivors_alone_step_slowdown"):
             ratio, n = r["survivors_alone_step_slowdown"]
             log(f"  {name}: median step of the survivors alone (after a recovery, before the "
@@ -287,8 +350,18 @@ def main() -> None:
         help="our replacement nodes boot at normal priority on the shared cores (default: nice "
         "19 until they train, emulating a new machine booting on its own CPU)",
     )
+    parser.add_argument(
+        "--emulated-speed",
+        type=float,
+        default=EMULATED_SPEED,
+        help="the nodes' emulated speed relative to the host CPU, both systems (1.0: unstretched, "
+        "the ranks fill the host's cores)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    if not 0 < args.emulated_speed <= REFERENCE_SPEED:
+        parser.exit(2, f"--emulated-speed is {args.emulated_speed}; pass a speed in (0, 1] (1.0: "
+                       "the host CPU unstretched)\n")  # fmt: skip
     schedule = Schedule(args.reference_s, args.period_s, args.kills, args.replace_after_s)
     started = time.time()
     results: dict[str, dict[str, Any]] = {}
@@ -299,10 +372,15 @@ def main() -> None:
         work = Path(tmp)
         with ray_output_to(work / "ray-driver.log"):
             for name, side in sides:
-                log(f"{name}: {args.nodes} x {KIND.device_type} nodes (one CPU each)")
+                log(f"{name}: {args.nodes} x {KIND.device_type} nodes (one CPU each, emulated "
+                    f"speed {args.emulated_speed:g} of the host CPU)")  # fmt: skip
                 before = child_pids()
+                side_dir = work / name.split()[0].lower()
+                # Each side's ranks share the emulated devices' reference CPU times on this
+                # host (orchestrator/worker/emulation.py), new processes too; its own folder.
+                os.environ[SHARED_REFERENCES_ENV] = str(side_dir / "emulation-references")
                 try:
-                    results[name] = side(args, schedule, work / name.split()[0].lower())
+                    results[name] = side(args, schedule, side_dir)
                 except Exception as exc:  # one side failing still reports the other
                     results[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
                 finally:

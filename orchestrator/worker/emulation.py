@@ -13,15 +13,24 @@ Pure (no torch), so the Ray side can compute factors in the driver.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 from orchestrator.errors import SpecError
 from orchestrator.spec.labels import EMULATED_SPEED_LABEL
 
 T = TypeVar("T")
+
+# A folder named here makes every process on this host that stretches the same work share its
+# reference CPU times (``SharedReferences``); unset: each stretcher learns its own.
+SHARED_REFERENCES_ENV = "ORCHESTRATOR_EMULATION_REFERENCES_DIR"
 
 
 def parse_speed(labels: Mapping[str, str], where: str = "node") -> float | None:
@@ -55,6 +64,49 @@ def slowdown_factor(node_speed: float | None, fastest_speed: float, gpu_present:
     return fastest_speed / node_speed
 
 
+class SharedReferences:
+    """The least CPU time seen for each key of one piece of work, shared through a file by the
+    processes on this host that run that work (emulation only).
+
+    Why: the emulated device's speed is ``factor x`` the work's CPU time on an idle core, a
+    property of the host and the work, not of the process. A process that starts (a joiner, a
+    restarted worker) would otherwise learn it again from scratch, its first steps slower than
+    the device it emulates until it happens to see an idle core. Writes replace the file whole
+    (a lost race loses only a lower time that the next write offers again)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def for_work(cls, signature: str) -> SharedReferences | None:
+        """The shared times of the work ``signature`` names, under the folder
+        :data:`SHARED_REFERENCES_ENV` gives; None where it is unset."""
+        folder = os.environ.get(SHARED_REFERENCES_ENV)
+        if not folder:
+            return None
+        name = hashlib.sha256(signature.encode()).hexdigest()[:24]
+        return cls(Path(folder) / f"{name}.json")
+
+    def load(self) -> dict[str, float]:
+        try:
+            raw = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # none yet, or being replaced
+            return {}
+        return {str(k): float(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+    def offer(self, key: str, cpu_s: float) -> None:
+        """Record ``cpu_s`` for ``key`` where it is below what the file holds."""
+        known = self.load()
+        if known.get(key, float("inf")) <= cpu_s:
+            return
+        known[key] = cpu_s
+        with contextlib.suppress(OSError):  # emulation's bookkeeping never stops a step
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known))
+            tmp.replace(self.path)
+
+
 class Stretcher:
     """Runs a callable and makes it last ``factor x`` its reference CPU time.
 
@@ -80,7 +132,7 @@ class Stretcher:
     while its waits for the other ranks hid inside the sleep.)
     """
 
-    def __init__(self, factor: float = 1.0) -> None:
+    def __init__(self, factor: float = 1.0, shared: SharedReferences | None = None) -> None:
         if factor < 1.0:
             raise SpecError(
                 f"slowdown factor {factor} is below 1.0; emulation can only slow down",
@@ -92,6 +144,10 @@ class Stretcher:
         self.compute_s = 0.0  # measured compute plus the emulated stretch
         self._reference_cpu_s: dict[Hashable, float] = {}
         self._aside_wall_s = self._aside_cpu_s = 0.0  # within the current call
+        # Shared with this host's other processes doing the same work (None: not shared); keys
+        # as their ``repr``.
+        self._shared = shared if factor != 1.0 else None
+        self._shared_keys: dict[str, float] = self._shared.load() if self._shared else {}
 
     @property
     def emulated(self) -> bool:
@@ -128,8 +184,7 @@ class Stretcher:
             return result
         cpu_s = time.thread_time() - cpu_start - self._aside_cpu_s
         if key is not None:
-            cpu_s = min(cpu_s, self._reference_cpu_s.get(key, cpu_s))
-            self._reference_cpu_s[key] = cpu_s
+            cpu_s = self._least(key, cpu_s)
         emulated_s = self.factor * cpu_s + self._aside_wall_s
         if emulated_s > wall_s:
             time.sleep(emulated_s - wall_s)
@@ -164,6 +219,30 @@ class Stretcher:
                 fix="pass 1.0 (the labelled speed) or more (that many times slower)",
             )
         self.factor = self.base_factor * multiplier
+
+    def _least(self, key: Hashable, cpu_s: float) -> float:
+        """The least CPU time for ``key`` with ``cpu_s`` seen now (and told to the shared file
+        when it is a new least there)."""
+        least = min(cpu_s, self._reference_cpu_s.get(key, cpu_s))
+        if self._shared is not None:
+            name = repr(key)
+            shared = self._shared_keys.get(name, float("inf"))
+            if least < shared:
+                self._shared.offer(name, least)
+                self._shared_keys[name] = least
+            least = min(least, shared)
+        self._reference_cpu_s[key] = least
+        return least
+
+    def adopt_references(self, earlier: Stretcher) -> None:
+        """Take over ``earlier``'s reference CPU times (the least of both for each key).
+
+        For a new engine of the same process doing the same work (the same layers, at the same
+        keys) as ``earlier``: the emulated device is the same device, and its speed should not
+        be learned again from scratch, slower until the least CPU time is seen anew."""
+        for key, cpu_s in earlier._reference_cpu_s.items():
+            mine = self._reference_cpu_s.get(key, cpu_s)
+            self._reference_cpu_s[key] = min(mine, cpu_s)
 
     def reference_cpu_s(self, key: Hashable) -> float | None:
         """The least CPU time seen for ``key`` (None before its first run)."""

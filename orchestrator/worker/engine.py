@@ -16,6 +16,7 @@ The parts: :mod:`.engine_config` (``EngineConfig``, ``StepResult``, ``preflight`
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import replace
@@ -28,7 +29,7 @@ from orchestrator.spec.reports import MemoryUse
 from orchestrator.worker import evaluate, layerwise, recompute, sharding, tensor_parallel, topology
 from orchestrator.worker.data import DataConfig, make_dataset
 from orchestrator.worker.dropout import sample_streams
-from orchestrator.worker.emulation import Stretcher
+from orchestrator.worker.emulation import SharedReferences, Stretcher
 from orchestrator.worker.engine_config import EngineConfig, StepResult, preflight
 from orchestrator.worker.finite import FiniteGuard
 from orchestrator.worker.grad_sync import OverlappedGradSync
@@ -96,7 +97,7 @@ class StageEngine(LayerStates):
                 field="slowdown_factor",
                 fix="emulation is for CPU nodes only; drop the emulated-speed label",
             )
-        self.stretcher = Stretcher(config.slowdown_factor)
+        self.stretcher = Stretcher(config.slowdown_factor, _shared_references(config, self.spec))
         self.policy = PrecisionPolicy(parse_precision(config.precision), self.device.type)
         self.scaling = (
             LossScaling(DynamicLossScaler(scale=config.loss_scale_init))
@@ -500,3 +501,23 @@ class StageEngine(LayerStates):
         self.grad_sync = None
         self.sharding = None
         self.runner = None
+
+
+def _shared_references(config: EngineConfig, spec: topology.RankSpec) -> SharedReferences | None:
+    """Where a rank shares its reference CPU times with this host's other ranks running the
+    same work (``SharedReferences``): the same model, layers, place in the pipeline, precision
+    and optimizer (microbatch sizes are in the keys). Not for tensor-parallel or sharded ranks,
+    whose work depends on their group too."""
+    if spec.tp != 1 or spec.sharding.value != "none":
+        return None
+    signature = [
+        config.model_factory,
+        config.model_kwargs,
+        list(spec.layers),
+        spec.is_first_stage,
+        spec.is_last_stage,
+        config.precision,
+        config.optimizer,
+        config.overlap_grad_reduce,
+    ]
+    return SharedReferences.for_work(json.dumps(signature, sort_keys=True, default=str))

@@ -262,6 +262,8 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         emulated = self._emulated_slowdown is not None and not real_gpu
         slowdown = self._slowdown()
         new, warmed = self._engine_for(plan_json, rank, slowdown)
+        if old is not None and _same_work(old, new):
+            new.stretcher.adopt_references(old.stretcher)  # the same emulated device
         built_s = time.perf_counter()
         parts: dict[int, list[dict[str, Any]]] = {}
         # Ray objects from peers (or the in-memory checkpoint); a checkpoint's files read here.
@@ -419,3 +421,20 @@ def _clone(obj: Any) -> Any:
 ElasticWorkerActor = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)(
     ElasticWorker
 )
+
+
+def _same_work(old: Any, new: Any) -> bool:
+    """Whether two engines' stretched pieces of work are the same (the same whole layers in the
+    same place of the pipeline, unsharded, at the same precision), so that the reference CPU
+    times one measured hold for the other (``Stretcher.adopt_references``)."""
+    from orchestrator.worker.topology import Sharding
+
+    a, b = old.spec, new.spec
+    return (
+        a.layers == b.layers
+        and (a.stage == 0) == (b.stage == 0)
+        and (a.stage == a.num_stages - 1) == (b.stage == b.num_stages - 1)
+        and a.tp == b.tp == 1
+        and a.sharding == b.sharding == Sharding.NONE
+        and old.policy == new.policy
+    )
