@@ -20,13 +20,12 @@ runtime's collectives are NCCL's.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.worker.p2p_latency import _free_port
+from orchestrator.worker.p2p_latency import run_local_ranks
 
 SMALL_NUMEL, LARGE_NUMEL = 1 << 14, 1 << 18  # fp32 numbers: 64 KiB and 1 MiB
 OPS = ("gather", "reduce")
@@ -98,28 +97,9 @@ def measure_collective_cost(
     """The cost of one gloo gather and of one reduction of the layer-by-layer path among
     ``ranks`` local ranks (see module docstring). Raises ``RuntimeError`` when the processes
     fail or outlast ``timeout_s``."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [
-        ctx.Process(
-            target=_time_patterns,
-            args=(rank, ranks, port, warmup, repeats, results),
-            daemon=True,
-        )
-        for rank in range(ranks)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        medians = results.get(timeout=timeout_s)
-    except Exception as exc:  # queue.Empty, or a child that died before replying
-        raise RuntimeError(f"gloo collective measurement failed: {exc!r}") from exc
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
+    medians = run_local_ranks(
+        _time_patterns, ranks, (warmup, repeats), timeout_s, "gloo collective"
+    )
     gather = fit_cost(medians[("gather", SMALL_NUMEL)], medians[("gather", LARGE_NUMEL)])
     reduce = fit_cost(medians[("reduce", SMALL_NUMEL)], medians[("reduce", LARGE_NUMEL)])
     return CollectiveCost(*gather, *reduce)

@@ -25,12 +25,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _bounce(rank: int, port: int, warmup: int, repeats: int, results: Any) -> None:
+def _bounce(rank: int, world: int, port: int, warmup: int, repeats: int, results: Any) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     try:
         peer = 1 - rank
         tensor = torch.zeros(1, dtype=torch.float32)
@@ -60,22 +62,31 @@ def _bounce(rank: int, port: int, warmup: int, repeats: int, results: Any) -> No
 def measure_p2p_latency_s(warmup: int = 10, repeats: int = 100, timeout_s: float = 60.0) -> float:
     """Seconds of one gloo point-to-point message between two local ranks (see module
     docstring). Raises ``RuntimeError`` when the two processes fail or outlast ``timeout_s``."""
+    reply = run_local_ranks(_bounce, 2, (warmup, repeats), timeout_s, "gloo latency")
+    return float(reply)
+
+
+def run_local_ranks(
+    target: Any, ranks: int, args: tuple[Any, ...], timeout_s: float, what: str
+) -> Any:
+    """Start ``ranks`` spawned processes ``target(rank, world, port, *args, results)`` that
+    form a gloo group on a free local port; the first reply put on ``results``. Raises
+    ``RuntimeError`` naming ``what`` when they fail or outlast ``timeout_s``."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_bounce, args=(rank, port, warmup, repeats, results), daemon=True)
-        for rank in (0, 1)
+        ctx.Process(target=target, args=(rank, ranks, port, *args, results), daemon=True)
+        for rank in range(ranks)
     ]
     for p in procs:
         p.start()
     try:
-        latency_s = float(results.get(timeout=timeout_s))
+        return results.get(timeout=timeout_s)
     except Exception as exc:  # queue.Empty, or a child that died before replying
-        raise RuntimeError(f"gloo latency measurement failed: {exc!r}") from exc
+        raise RuntimeError(f"{what} measurement failed: {exc!r}") from exc
     finally:
         for p in procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
-    return latency_s
