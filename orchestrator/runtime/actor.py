@@ -91,19 +91,24 @@ class WorkerActor:
         self._rank = rank
         self._emulated_slowdown = emulated_slowdown
         self._engine: Any = None
+        # The next rendezvous' store, served by this rank 0 ahead of the ranks (see where()).
+        self._store_ahead: Any = None
 
     def ping(self) -> int:
         return os.getpid()
 
     def where(self) -> dict[str, Any]:
-        """This actor's host address, a free port on it, its node id and process id."""
+        """This actor's host address, a port on it for the next rendezvous, its node id and
+        process id. Asked of the rank 0 of a rendezvous: where torch is loaded, the rendezvous'
+        store is served on that port from now on, so no rank that joins first waits out torch's
+        connect back-off (``worker/store_ahead.py``); elsewhere the port is a free one."""
+        from orchestrator.worker.store_ahead import serve
+
         ctx = ray.get_runtime_context()
-        return {
-            "address": ray.util.get_node_ip_address(),
-            "port": free_port(),
-            "node_id": ctx.get_node_id(),
-            "pid": os.getpid(),
-        }
+        address = ray.util.get_node_ip_address()
+        self._store_ahead = serve(address)  # replaces one served for a rendezvous never held
+        port = self._store_ahead.port if self._store_ahead is not None else free_port()
+        return {"address": address, "port": port, "node_id": ctx.get_node_id(), "pid": os.getpid()}
 
     def setup(
         self, master_addr: str, master_port: int, world_size: int, timeout_s: float
@@ -118,6 +123,7 @@ class WorkerActor:
         config = engine_config(self._job, self._plan_json, self._rank, slowdown)
         self._engine = StageEngine(config)
         self._engine.setup(master_addr, master_port, world_size, timeout_s)
+        self._store_ahead = None  # the world group holds the server now
         return {
             "rank": self._rank,
             "slowdown_factor": slowdown,

@@ -290,6 +290,7 @@ class ElasticWorker(_Base):  # type: ignore[misc]
         loaded_s = time.perf_counter()
         address, port, world_size, timeout_s = rendezvous
         new.setup(address, port, world_size, timeout_s)
+        self._store_ahead = None  # served ahead by this rank 0 (where()): the group holds it now
         joined_s = time.perf_counter()
         if late:
             from orchestrator.worker.tensor_parallel import load_local
