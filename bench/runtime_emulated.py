@@ -162,15 +162,20 @@ def print_breakdown(
             terms[d.device_type] = profiles.runtime_constants(d.device_type, with_time_terms=True)
     compute: dict[tuple[int, int], list[float]] = {}
     step: dict[tuple[int, int], list[float]] = {}
+    inside: dict[tuple[int, int], list[float]] = {}  # collectives inside the compute calls
     for report in reports:
         for t in report.stage_timings:
             compute.setdefault((t.replica, t.stage), []).append(t.compute_s)
             step.setdefault((t.replica, t.stage), []).append(t.step_s)
+            inside.setdefault((t.replica, t.stage), []).append(t.collective_s)
     for d in estimate.devices:  # type: ignore[attr-defined]
         key = (d.replica, d.stage)
         if key not in compute:
             continue
-        measured = statistics.median(compute[key])
+        # The layer-by-layer sharded path's collectives run inside its compute calls: they are
+        # compared with the estimate's synchronisation below, not with its compute.
+        collectives = statistics.median(inside[key])
+        measured = statistics.median(c - a for c, a in zip(compute[key], inside[key], strict=True))
         constants = terms.get(d.device_type)
         fixed_mb = (constants.microbatch_overhead_s or 0.0) if constants else 0.0
         micro = -(-plan.replicas[d.replica].batch_size // plan.microbatch_size) if plan else 0
@@ -181,6 +186,12 @@ def print_breakdown(
             f" predicted {predicted:.4f} ({measured / predicted:.3f});"
             f" rank step {statistics.median(step[key]):.4f}"
         )
+        if collectives > 0:
+            ratio = f" ({collectives / d.allreduce_s:.3f})" if d.allreduce_s > 0 else ""
+            print(
+                f"      collectives inside the compute calls measured {collectives:.4f} s"
+                f" predicted {d.allreduce_s:.4f}{ratio}"
+            )
         if constants is not None:
             outside = statistics.median(s - c for s, c in zip(step[key], compute[key], strict=True))
             per_step = constants.step_overhead_s or 0.0

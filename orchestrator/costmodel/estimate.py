@@ -146,9 +146,11 @@ def _allreduce_per_stage(
     cluster: Cluster,
     plan: Plan,
     bytes_out: dict[tuple[int, int], list[float]] | None = None,
+    latency_out: dict[tuple[int, int], float] | None = None,
 ) -> dict[tuple[int, int], list[float]]:
     """All-reduce seconds of each layer's gradients, per (replica, stage), in layer order
-    (``bytes_out``, when given, receives each layer's reduced bytes in the same order)."""
+    (``bytes_out``, when given, receives each layer's reduced bytes in the same order, and
+    ``latency_out`` each stage's measured per-all-reduce latency, where the profile has one)."""
     model, training = tables.model, tables.training
     grad_bytes = tables.runtime.grad_bytes(model, training)
     out: dict[tuple[int, int], list[float]] = {
@@ -158,6 +160,7 @@ def _allreduce_per_stage(
         bytes_out.update({key: [] for key in out})
     if len(plan.replicas) == 1:
         return out
+    measured: dict[frozenset[str], tuple[float, float] | None] = {}
     # Walk layers once; the holders of a layer change only at stage boundaries.
     cursor = [0] * len(plan.replicas)
     for layer in range(plan.num_layers):
@@ -171,6 +174,18 @@ def _allreduce_per_stage(
         seconds = comm.ring_allreduce_s(
             nbytes, len(holders), _holder_bandwidth(cluster, holders, nbytes)
         )
+        types = frozenset(h.device_type for h in holders)
+        if types not in measured:
+            measured[types] = tables.allreduce_cost(types)
+        fit = measured[types]
+        if fit is not None:
+            # Our runtime's all-reduce as the profiler measured it (its latency is charged per
+            # bucket, ``_exposed_allreduce_s``): the bytes at no more than its rate.
+            seconds = max(seconds, nbytes / fit[1])
+            if latency_out is not None:
+                for r in range(len(plan.replicas)):
+                    key = (r, cursor[r])
+                    latency_out[key] = max(latency_out.get(key, 0.0), fit[0])
         for r in range(len(plan.replicas)):
             out[(r, cursor[r])].append(seconds)
             if bytes_out is not None:
@@ -186,33 +201,38 @@ def _exposed_allreduce_s(
     overlapped: bool,
     bucket_bytes: float | None = None,
     per_layer_bytes: list[float] | None = None,
+    latency_s: float = 0.0,
 ) -> float:
     """The all-reduce seconds the step waits for after the pipeline (see module docstring).
 
     With ``bucket_bytes`` the layers' gradients are reduced in buckets as the runtime cuts them
     (backward order, a new bucket when the next layer would overflow it): a bucket starts once
     the last microbatch's backward has passed all of its layers, and buckets run one after
-    another; what outlasts the backward is exposed.
+    another; what outlasts the backward is exposed. ``latency_s`` is paid once per all-reduce
+    (per bucket; once for a stage reduced as one flat buffer).
     """
-    total = sum(per_layer_s)
-    if not overlapped or not per_layer_s:
+    if not per_layer_s:
+        return 0.0
+    total = sum(per_layer_s) + latency_s
+    if not overlapped:
         return total
     if bucket_bytes is None or per_layer_bytes is None:
         # Gradients of the stage's last layers are ready first; the first layer's come last.
         window = table.backward_s(start + 1, end)
-        return max(total - window, per_layer_s[0])
+        return max(total - window, per_layer_s[0] + latency_s)
     done_s = 0.0  # when the reductions launched so far end, from the last backward's start
     passed_s = 0.0  # backward seconds of the layers after ``layer``
     bucket_s, bucket_fill = 0.0, 0.0
     for layer in range(end - 1, start - 1, -1):  # backward order
         i = layer - start
         if bucket_fill and bucket_fill + per_layer_bytes[i] > bucket_bytes:
-            done_s = max(done_s, passed_s) + bucket_s  # the bucket's layers are done
+            done_s = max(done_s, passed_s) + bucket_s + latency_s  # the bucket's layers are done
             bucket_s, bucket_fill = 0.0, 0.0
         bucket_s += per_layer_s[i]
         bucket_fill += per_layer_bytes[i]
         passed_s += table.times[layer].backward_s
-    done_s = max(done_s, passed_s) + bucket_s  # the last bucket waits for the whole backward
+    # the last bucket waits for the whole backward
+    done_s = max(done_s, passed_s) + bucket_s + latency_s
     return done_s - passed_s
 
 
@@ -287,16 +307,20 @@ class _Reductions:
     per_layer_bytes: dict[tuple[int, int], list[float]]
     overlapped: bool  # reduced during the backward, from gradient hooks
     bucket_bytes: float | None
+    latency_s: dict[tuple[int, int], float]  # measured per all-reduce (absent: not measured)
 
 
 def _reductions(plan: Plan, cluster: Cluster, tables: CostTables) -> _Reductions:
     """Each stage's per-layer all-reduce seconds and bytes, and how the runtime overlaps them."""
     per_layer_bytes: dict[tuple[int, int], list[float]] = {}
-    per_layer_s = _allreduce_per_stage(tables, cluster, plan, per_layer_bytes)
+    latency_s: dict[tuple[int, int], float] = {}
+    per_layer_s = _allreduce_per_stage(tables, cluster, plan, per_layer_bytes, latency_s)
     overlapped = tables.runtime.overlaps_gradient_allreduce and not (
         tables.runtime.blocks_sharded_reduction and blocking_reduction(plan)
     )
-    return _Reductions(per_layer_s, per_layer_bytes, overlapped, tables.runtime.grad_bucket_bytes)
+    return _Reductions(
+        per_layer_s, per_layer_bytes, overlapped, tables.runtime.grad_bucket_bytes, latency_s
+    )
 
 
 def _stage_estimate(
@@ -331,6 +355,7 @@ def _stage_estimate(
             reductions.overlapped,
             reductions.bucket_bytes,
             reductions.per_layer_bytes[key],
+            reductions.latency_s.get(key, 0.0),
         ),
         update_s=table.update_s(start, end),
         memory_bytes=table.memory_bytes(start, end, in_flight) + framework,

@@ -109,6 +109,21 @@ class RuntimeOverheads:
         reduce = (max(f[2] for f in found), min(f[3] for f in found))
         return gather, reduce
 
+    def allreduce_cost(self, device_types: Iterable[str]) -> tuple[float, float] | None:
+        """(latency seconds, bytes per second) of one gradient all-reduce among holders of these
+        device types, as the profiler measured it for our runtime (``worker/collective_cost.py``):
+        the slowest type's; None where any type has no measurement (the network's bandwidth
+        alone then prices it)."""
+        found: list[tuple[float, float]] = []
+        for device_type in device_types:
+            m = self._measured_time_terms(device_type)
+            if m is None or m.allreduce_latency_s is None or m.allreduce_bytes_per_s is None:
+                return None
+            found.append((m.allreduce_latency_s, m.allreduce_bytes_per_s))
+        if not found:
+            return None
+        return max(f[0] for f in found), min(f[1] for f in found)
+
     def _measured_time_terms(self, device_type: str) -> RuntimeConstants | None:
         if not self.runtime.measured_constants:
             return None

@@ -299,7 +299,9 @@ def apply(
     (the (latency seconds, bytes per second) of one of its gathers and of one of its
     reductions, as the profiler measured them for our runtime: ``CostTables.collective_cost``)
     they are charged per collective (:func:`layerwise_collectives_s`) in place of the
-    network's bandwidth.
+    network's bandwidth; on the once-a-step path the gather of the updated slices (where the
+    runtime all-reduces whole gradients) is charged at no less than the measured gathers: one
+    per slice, ``k`` latencies per shard group and the weights' bytes at the gather's rate.
     """
     out = list(devices)
     if not any(st.sharding is not Sharding.NONE for rep in plan.replicas for st in rep.stages):
@@ -320,6 +322,8 @@ def apply(
             found = parts[(layer, tp)] = state_parts_bytes(model, training, layer, tp)
         return found
 
+    gather = collective[0] if collective is not None else None
+    gathered: list[set[tuple[tuple[int, int], ...]]] = [set() for _ in out]  # groups charged
     saved_bytes = [0.0] * len(out)
     extra_s = [0.0] * len(out)
     hideable_s = [0.0] * len(out)
@@ -359,6 +363,13 @@ def apply(
                     model, training, layer, st.tp, timed, k, reduced, bw
                 )
             fixed, hideable = found
+            if gather is not None and not reduced and timed is not Sharding.FULL:
+                # The gather of the updated slices at the measured broadcast: one per slice
+                # (the group's latency once per device), the layer's weights at its rate.
+                fixed = max(fixed, weights / gather[1])
+                if holder_key not in gathered[i]:
+                    gathered[i].add(holder_key)
+                    fixed += k * gather[0]
             extra_s[i] += fixed
             hideable_s[i] += hideable
             update_kept[i] -= (1 - 1 / k) / (st.layers[1] - st.layers[0])

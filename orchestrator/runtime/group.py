@@ -276,6 +276,7 @@ class WorkerGroup:
                 compute_s=float(results[spec.rank].get("compute_s", 0.0)),
                 step_s=float(results[spec.rank].get("step_s", 0.0)),
                 memory=_memory_use(results[spec.rank].get("memory")),
+                collective_s=float(results[spec.rank].get("collective_s", 0.0)),
             )
             for spec in self.ranks
         )

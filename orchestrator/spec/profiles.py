@@ -99,7 +99,12 @@ class RuntimeConstants(BaseModel):
     ``reduce_bytes_per_s``: one gloo gather (``broadcast``) and one reduction of the
     layer-by-layer sharded path among ranks on a node of this type, each as ``latency + bytes /
     rate`` with its buffer work (``worker/collective_cost.py``; None: not measured, GPU nodes
-    too); the cost model charges them per collective of that path.
+    too); the cost model charges them per collective of that path, and the gather also for
+    the once-a-step path's gather of updated slices.
+
+    ``allreduce_latency_s`` / ``allreduce_bytes_per_s``: one gloo all-reduce of a flat gradient
+    buffer among ranks on a node of this type, the same way (None: not measured); the cost model
+    charges each gradient bucket at no less than it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -118,6 +123,8 @@ class RuntimeConstants(BaseModel):
     gather_bytes_per_s: PositiveFloat | None = None
     reduce_latency_s: NonNegativeFloat | None = None
     reduce_bytes_per_s: PositiveFloat | None = None
+    allreduce_latency_s: NonNegativeFloat | None = None
+    allreduce_bytes_per_s: PositiveFloat | None = None
 
 
 class ProfileFile(BaseModel):

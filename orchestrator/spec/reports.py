@@ -49,6 +49,9 @@ class StageTiming:
     compute_s: float  # forward + backward compute time of this stage during the step
     step_s: float  # wall time of the whole step on this rank
     memory: MemoryUse | None = None  # what the rank held (None: not counted)
+    # Wall seconds of collectives run inside the compute (the layer-by-layer sharded path's
+    # gathers and reductions, issued from the layers' hooks), part of ``compute_s``.
+    collective_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,18 @@ class Stretcher:
     and its wall time is added to the call's emulated time, as a synchronous collective adds
     to a real device's step. (Stretched, it would be charged ``factor`` times its CPU time
     while its waits for the other ranks hid inside the sleep.)
+
+    Aside blocks cut a call into *segments* of compute, and each segment is paced: before an
+    aside block the stretcher sleeps until the compute since the call's start (or the previous
+    block) has lasted ``factor x`` its reference CPU time, the least seen for that segment of
+    that key (``(key, "segment", i)``). So a collective starts when the emulated device would
+    reach it, and ranks that meet at every layer's collective (the layer-by-layer path) arrive
+    together as equal devices do. Stretched only at the call's end instead, each rank reached
+    each collective after its segment's raw CPU time on a shared host, and every collective
+    waited for the rank the host had delayed most: in ``bench/sharded_emulated.py``'s
+    layer-by-layer plans the collectives then took 1.5-1.8x what the same collectives take back
+    to back (``worker/collective_cost.py``), while the waits were compute of the others that
+    the stretch had already charged.
     """
 
     def __init__(self, factor: float = 1.0, shared: SharedReferences | None = None) -> None:
@@ -142,8 +154,18 @@ class Stretcher:
         self.factor = factor
         self.base_factor = factor  # from the node's speed label; ``throttle`` multiplies it
         self.compute_s = 0.0  # measured compute plus the emulated stretch
+        # Wall seconds of the step's work under :meth:`aside` (its collectives inside the
+        # compute calls); part of ``compute_s``.
+        self.aside_s = 0.0
         self._reference_cpu_s: dict[Hashable, float] = {}
-        self._aside_wall_s = self._aside_cpu_s = 0.0  # within the current call
+        self._aside_wall_s = 0.0  # within the current call
+        # The current call's segments (see the class docstring): its key, where the open
+        # segment began (wall, CPU clocks; None outside :meth:`run`), how many closed, and the
+        # emulated seconds (CPU-timed) or compute wall seconds (throttled) of the closed ones.
+        self._key: Hashable | None = None
+        self._segment: tuple[float, float] | None = None
+        self._closed = 0
+        self._closed_s = 0.0
         # Shared with this host's other processes doing the same work (None: not shared); keys
         # as their ``repr``.
         self._shared = shared if factor != 1.0 else None
@@ -164,44 +186,82 @@ class Stretcher:
         ``key`` names repeating work (e.g. ``("forward", 8)``): its reference CPU time is the
         least seen so far for the key. Without a key, this call's own CPU time is stretched.
         """
-        self._aside_wall_s = self._aside_cpu_s = 0.0
+        self._aside_wall_s = self._closed_s = 0.0
+        self._closed = 0
+        self._key = key
         start = time.perf_counter()
         cpu_start = time.thread_time()
-        result = fn()
-        if sync is not None:
-            sync()
-        wall_s = time.perf_counter() - start
+        self._segment = (start, cpu_start)
+        try:
+            result = fn()
+            if sync is not None:
+                sync()
+            assert self._segment is not None
+            last_wall0, last_cpu0 = self._segment
+        finally:
+            self._segment = None
+        end = time.perf_counter()
+        wall_s = end - start
         if self.factor == 1.0:  # real speed: what the clock saw
             self.compute_s += wall_s
             return result
         if self.base_factor == 1.0:
             # A full-speed node throttled: what it took, stretched. (Its CPU time would be a
             # different clock from the wall time its unthrottled steps were measured by.)
-            aside_s = self._aside_wall_s
-            emulated_s = self.factor * (wall_s - aside_s) + aside_s
-            time.sleep(emulated_s - wall_s)
+            compute_wall_s = self._closed_s + end - last_wall0
+            emulated_s = self.factor * compute_wall_s + self._aside_wall_s
+            time.sleep(max(emulated_s - wall_s, 0.0))
             self.compute_s += emulated_s
             return result
-        cpu_s = time.thread_time() - cpu_start - self._aside_cpu_s
-        if key is not None:
-            cpu_s = self._least(key, cpu_s)
-        emulated_s = self.factor * cpu_s + self._aside_wall_s
+        cpu_s = time.thread_time() - last_cpu0
+        if self._closed == 0:  # one segment: the call's own reference
+            emulated_s = self.factor * (self._least(key, cpu_s) if key is not None else cpu_s)
+        else:
+            emulated_s = self._closed_s + self.factor * self._segment_reference(cpu_s)
+        emulated_s += self._aside_wall_s
         if emulated_s > wall_s:
             time.sleep(emulated_s - wall_s)
         self.compute_s += max(emulated_s, wall_s)
         return result
 
+    def _segment_reference(self, cpu_s: float) -> float:
+        """The reference CPU seconds of the current call's open segment, ``cpu_s`` now."""
+        if self._key is None:
+            return cpu_s
+        return self._least((self._key, "segment", self._closed), cpu_s)
+
+    def _pace(self) -> None:
+        """Close the open segment: sleep until it has lasted its emulated time (inside
+        :meth:`run` on an emulated or throttled device; see the class docstring)."""
+        if self._segment is None or self.factor == 1.0:
+            return
+        wall0, cpu0 = self._segment
+        wall_s = time.perf_counter() - wall0
+        if self.base_factor == 1.0:  # throttled full-speed node: its wall time, stretched
+            target_s = self.factor * wall_s
+            self._closed_s += wall_s
+        else:
+            target_s = self.factor * self._segment_reference(time.thread_time() - cpu0)
+            self._closed_s += max(target_s, wall_s)
+        self._closed += 1
+        if target_s > wall_s:
+            time.sleep(target_s - wall_s)
+
     @contextmanager
     def aside(self) -> Iterator[None]:
         """Run the body as work beside the current call's compute: timed by the wall clock,
-        not stretched (see the class docstring). Outside :meth:`run` it changes nothing."""
+        not stretched, once the compute before it has been paced (see the class docstring).
+        Outside :meth:`run` it is only timed."""
+        self._pace()
         start = time.perf_counter()
-        cpu_start = time.thread_time()
         try:
             yield
         finally:
-            self._aside_wall_s += time.perf_counter() - start
-            self._aside_cpu_s += time.thread_time() - cpu_start
+            end = time.perf_counter()
+            self._aside_wall_s += end - start
+            self.aside_s += end - start
+            if self._segment is not None:
+                self._segment = (end, time.thread_time())
 
     def throttle(self, multiplier: float) -> None:
         """Run ``multiplier`` times slower than the node's labelled speed from the next piece of
@@ -250,4 +310,4 @@ class Stretcher:
 
     def reset(self) -> None:
         """Start a new step's compute total (the reference times are kept)."""
-        self.compute_s = 0.0
+        self.compute_s = self.aside_s = 0.0

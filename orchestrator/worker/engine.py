@@ -403,6 +403,7 @@ class StageEngine(LayerStates):
             loss=loss if self.spec.tp_rank == 0 else None,
             compute_s=self.stretcher.compute_s,
             step_s=time.perf_counter() - start_s,
+            collective_s=self.stretcher.aside_s,
             samples=self.spec.replica_batch_size,
             emulated=self.stretcher.emulated,
             overflow_skipped=self.scaling is not None and self.scaling.overflowed,

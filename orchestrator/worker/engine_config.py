@@ -94,6 +94,9 @@ class StepResult:
     # slices it keeps for its shard groups.
     end_param_bytes: int = 0
     end_slice_bytes: int = 0
+    # Wall seconds of the collectives run inside the compute calls (the layer-by-layer sharded
+    # path's gathers and reductions, worker/layerwise.py), part of ``compute_s``.
+    collective_s: float = 0.0
 
 
 def preflight(config: EngineConfig) -> LayeredModel:

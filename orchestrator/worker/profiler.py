@@ -47,9 +47,9 @@ from orchestrator.worker.runtime_terms import RuntimeTerms, measure_runtime_term
 
 # Bumped when how the profiler measures changes, so cached profiles of the old way are not reused.
 MEASUREMENT_METHOD = (
-    "v7: emulated times from the least thread CPU time, scaled to the stage call in context;"
+    "v8: emulated times from the least thread CPU time, scaled to the stage call in context;"
     " 16-bit activations; runtime time terms; layers timed without hooks, backward from a ready"
-    " gradient; per-call stage terms on real devices"
+    " gradient; per-call stage terms on real devices; gloo collectives fitted over four sizes"
 )
 
 

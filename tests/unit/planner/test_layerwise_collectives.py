@@ -1,7 +1,8 @@
 """The layer-by-layer sharded path is charged per collective at the profiler's measured gloo
 cost (``costmodel/sharding.layerwise_collectives_s``, ``worker/collective_cost.py``): every
-round a reduction per owner's piece of each layer and, under ``full``, two gathers; plans that
-do not run layer by layer are costed as before."""
+round a reduction per owner's piece of each layer and, under ``full``, two gathers. The
+once-a-step path's gather of updated slices is charged at the measured gather, and the gradient
+all-reduce at the measured all-reduce where the profile has one; without, as before."""
 
 from __future__ import annotations
 
@@ -99,16 +100,56 @@ def test_each_collective_pays_the_measured_latency(level: Sharding) -> None:
     assert slow.step_time_s - free.step_time_s == pytest.approx(moved / 1e9, rel=1e-5)
 
 
-def test_plans_not_run_layer_by_layer_are_costed_as_before() -> None:
+def test_unsharded_plans_are_costed_as_before_without_an_allreduce_measurement() -> None:
     n = MODEL.num_planner_layers
     c = cluster(("dev", 1, 4), memory_gib={"dev": 8.0}).resolve()
     base = profiles({"dev": 0.01}, n, update_s=0.0)
     plain = _with_cost(base, None, None)
     measured = _with_cost(base, LATENCY_S, 1e9)
-    for plan in (
-        _plan(Sharding.OPTIMIZER, [2, 2, 2, 2], n),  # once a step
-        _plan(Sharding.NONE, [2, 2, 2, 2], n),
-    ):
-        assert not sharding.runs_layer_by_layer(plan)
-        want = estimate_plan(plan, c, MODEL, TRAINING, plain).step_time_s
-        assert estimate_plan(plan, c, MODEL, TRAINING, measured).step_time_s == pytest.approx(want)
+    plan = _plan(Sharding.NONE, [2, 2, 2, 2], n)
+    want = estimate_plan(plan, c, MODEL, TRAINING, plain).step_time_s
+    assert estimate_plan(plan, c, MODEL, TRAINING, measured).step_time_s == pytest.approx(want)
+
+
+def test_the_once_a_step_gather_of_updated_slices_is_charged_at_the_measured_gather() -> None:
+    """At ``optimizer`` our runtime all-reduces whole gradients and then broadcasts each
+    holder's updated slice: ``k`` gathers a shard group, each paying the measured latency."""
+    n = MODEL.num_planner_layers
+    c = cluster(("dev", 1, 4), memory_gib={"dev": 8.0}).resolve()
+    base = profiles({"dev": 0.01}, n, update_s=0.0)
+    plan = _plan(Sharding.OPTIMIZER, [2, 2, 2, 2], n)
+    assert not sharding.runs_layer_by_layer(plan)
+    plain = estimate_plan(plan, c, MODEL, TRAINING, _with_cost(base, None, None))
+    paid = estimate_plan(plan, c, MODEL, TRAINING, _with_cost(base, LATENCY_S, FAST))
+    assert paid.step_time_s - plain.step_time_s == pytest.approx(4 * LATENCY_S, abs=1e-6)
+    # A rate slower than the catalog's link: the weights' bytes at that rate.
+    slow = estimate_plan(plan, c, MODEL, TRAINING, _with_cost(base, 0.0, 1e6))
+    weights = sum(MODEL.layer_params(i) for i in range(n)) * 4
+    assert slow.step_time_s - plain.step_time_s == pytest.approx(weights / 1e6, rel=0.05)
+
+
+def _with_allreduce(base: ProfileSet, latency_s: float, bytes_per_s: float) -> ProfileSet:
+    files = []
+    for f in base.files:
+        assert f.runtime is not None
+        runtime = f.runtime.model_copy(
+            update={"allreduce_latency_s": latency_s, "allreduce_bytes_per_s": bytes_per_s}
+        )
+        files.append(f.model_copy(update={"runtime": runtime}))
+    return ProfileSet(files)
+
+
+def test_the_gradient_allreduce_is_charged_at_no_less_than_the_measured_one() -> None:
+    """Data parallel over four whole replicas: the model's gradients fit one bucket, reduced
+    after the backward (nothing left to overlap with), so the measured latency is paid once
+    and the bytes at the measured rate where it is slower than the catalog's link."""
+    n = MODEL.num_planner_layers
+    c = cluster(("dev", 1, 4), memory_gib={"dev": 8.0}).resolve()
+    base = _with_cost(profiles({"dev": 0.01}, n, update_s=0.0), None, None)
+    plan = _plan(Sharding.NONE, [2, 2, 2, 2], n)
+    plain = estimate_plan(plan, c, MODEL, TRAINING, base)
+    paid = estimate_plan(plan, c, MODEL, TRAINING, _with_allreduce(base, LATENCY_S, FAST))
+    assert paid.step_time_s - plain.step_time_s == pytest.approx(LATENCY_S, abs=1e-7)
+    slow = estimate_plan(plan, c, MODEL, TRAINING, _with_allreduce(base, 0.0, 1e6))
+    grads = sum(MODEL.layer_params(i) for i in range(n)) * 4
+    assert slow.step_time_s - plain.step_time_s == pytest.approx(grads / 1e6, rel=0.05)
