@@ -162,13 +162,15 @@ def measure_ours(
 
 
 def _train_loop(config: dict[str, Any]) -> dict[str, Any]:
+    import json
+
     import ray
     import torch
     import torch.distributed as dist
     from ray import train
 
     from orchestrator.worker.data import DataConfig, make_dataset
-    from orchestrator.worker.emulation import Stretcher, parse_speed
+    from orchestrator.worker.emulation import SharedReferences, Stretcher, parse_speed
     from orchestrator.worker.layers import build_layers
     from orchestrator.worker.model_api import build_model
     from orchestrator.worker.optim import make_optimizer
@@ -187,7 +189,12 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any]:
     gbs = config["global_batch_size"]
     local = gbs // world
     speed = parse_speed(ray.get_runtime_context().get_node_labels())
-    stretcher = Stretcher(1.0 / speed if speed else 1.0)
+    # Shared with the host's workers on the same work, as ours are (worker/emulation.py).
+    work = json.dumps(
+        ["ray-train", config["model_factory"], config["model_kwargs"], local, config["precision"]],
+        sort_keys=True,
+    )
+    stretcher = Stretcher(1.0 / speed if speed else 1.0, SharedReferences.for_work(work))
     sixteen = config["precision"] == "bf16"
 
     def fwd_bwd(x: torch.Tensor, y: torch.Tensor) -> float:

@@ -27,13 +27,15 @@ class BaselineResult:
 
 
 def _train_loop(config: dict[str, Any]) -> dict[str, Any]:
+    import json
+
     import ray
     import torch
     import torch.distributed as dist
     from ray import train
 
     from orchestrator.worker.data import DataConfig, make_dataset
-    from orchestrator.worker.emulation import Stretcher, parse_speed
+    from orchestrator.worker.emulation import SharedReferences, Stretcher, parse_speed
     from orchestrator.worker.layers import build_layers
     from orchestrator.worker.model_api import build_model
     from orchestrator.worker.optim import make_optimizer
@@ -51,7 +53,13 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any]:
     gbs = config["global_batch_size"]
     local = gbs // world  # equal batch per worker (the caller picks a divisible batch)
     speed = parse_speed(ray.get_runtime_context().get_node_labels())
-    stretcher = Stretcher(config["fastest_speed"] / speed if speed else 1.0)
+    # The workers running the same share of the same model on this host share its reference
+    # CPU times (orchestrator/worker/emulation.py), as ours do on the same local cluster.
+    work = json.dumps(["ray-train", config["model_factory"], config["model_kwargs"], local],
+                      sort_keys=True)  # fmt: skip
+    stretcher = Stretcher(
+        config["fastest_speed"] / speed if speed else 1.0, SharedReferences.for_work(work)
+    )
 
     def fwd_bwd(x: torch.Tensor, y: torch.Tensor) -> float:
         loss = model.loss(net(x), y)

@@ -309,5 +309,12 @@ class Stretcher:
         return self._reference_cpu_s.get(key)
 
     def reset(self) -> None:
-        """Start a new step's compute total (the reference times are kept)."""
+        """Start a new step's compute total (the reference times are kept, and lowered to the
+        least times the host's other ranks on the same work have shared since)."""
         self.compute_s = self.aside_s = 0.0
+        if self._shared is not None:
+            # Ranks that started together run beside each other: read what they have seen,
+            # once a step (a small file), not only what the file held at this one's start.
+            for name, cpu_s in self._shared.load().items():
+                if cpu_s < self._shared_keys.get(name, float("inf")):
+                    self._shared_keys[name] = cpu_s

@@ -389,7 +389,7 @@ class StageEngine(LayerStates):
         """The optimizer step of every layer this rank holds (stretched when emulated), then the
         sharded holders' gather of the updated slices: communication, which emulation does not
         stretch (it is timed like the all-reduce, outside the rank's compute)."""
-        updated = self.stretcher.run(self._update, self._sync, key="update")
+        updated = self.stretcher.run(self._update, self._sync, key=self._update_key())
         if updated and self.sharding is not None:
             self.sharding.gather_updated(self.layers)
 
@@ -456,6 +456,12 @@ class StageEngine(LayerStates):
             self.sharding.update_slices(learning_rate)
         return True
 
+    def _update_key(self) -> tuple[str, tuple[int, ...]]:
+        """The update's reference key: the sizes of what this rank steps (its slices, when it
+        shards), so ranks sharing reference times share them only for the same work."""
+        slices = self.sharding.slice_numels if self.sharding is not None else ()
+        return ("update", slices)
+
     def _grads(self) -> list[torch.Tensor | None]:
         return [p.grad for layer in self.layers.values() for p in layer.parameters()]
 
@@ -506,11 +512,16 @@ class StageEngine(LayerStates):
 
 def _shared_references(config: EngineConfig, spec: topology.RankSpec) -> SharedReferences | None:
     """Where a rank shares its reference CPU times with this host's other ranks running the
-    same work (``SharedReferences``): the same model, layers, place in the pipeline, precision
-    and optimizer (microbatch sizes are in the keys). Not for tensor-parallel or sharded ranks,
-    whose work depends on their group too."""
-    if spec.tp != 1 or spec.sharding.value != "none":
+    same work (``SharedReferences``): the same model, layers, place in the pipeline, precision,
+    optimizer and sharding level and group (microbatch sizes are in the keys, a sharded rank's
+    slice sizes in its update's key). A stage's holders that shard it run the same forward and
+    backward (under the layer-by-layer levels, the same compute between the same collectives),
+    so they learn the device's speed together: learned alone, each of four ranks that computed
+    in lockstep on two cores kept its own least time, up to 10% apart, and the slowest one set
+    the step. Not for tensor-parallel ranks, whose work depends on their shard of each layer."""
+    if spec.tp != 1:
         return None
+    group = [list(g.sharded) for g in topology.shard_groups(config.plan) if spec.rank in g.sharded]
     signature = [
         config.model_factory,
         config.model_kwargs,
@@ -520,5 +531,7 @@ def _shared_references(config: EngineConfig, spec: topology.RankSpec) -> SharedR
         config.precision,
         config.optimizer,
         config.overlap_grad_reduce,
+        spec.sharding.value,
+        group,
     ]
     return SharedReferences.for_work(json.dumps(signature, sort_keys=True, default=str))

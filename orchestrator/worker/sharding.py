@@ -166,6 +166,12 @@ class ShardedState:
                     self.shapes[id(p)] = tuple(p.shape)
 
     @property
+    def slice_numels(self) -> tuple[int, ...]:
+        """The length of this rank's slice in each of its shard groups: what its optimizer
+        steps (the update's work, for emulation's reference times)."""
+        return tuple(hi - lo for g in self.groups for lo, hi in [g.mine])
+
+    @property
     def layers(self) -> set[int]:
         """Planner layers whose optimizer state this object holds (sliced)."""
         return {i for g in self.groups for i in g.group.layers}

@@ -21,6 +21,7 @@ class _Sharding:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.slice_numels = (1000,)
 
     def update_slices(self, learning_rate: float | None = None) -> None:
         self.calls.append("update")
@@ -48,6 +49,7 @@ def _engine(skip: bool) -> types.SimpleNamespace:
         _sync=lambda: None,
     )
     fake._update = types.MethodType(StageEngine._update, fake)
+    fake._update_key = types.MethodType(StageEngine._update_key, fake)
     return fake
 
 
