@@ -52,6 +52,7 @@ def _ranks(
     import torch
     import torch.distributed as dist
 
+    from orchestrator.worker.collective_cost import run_collective
     from orchestrator.worker.emulation import SharedReferences, Stretcher
 
     torch.set_num_threads(1)
@@ -63,17 +64,8 @@ def _ranks(
     mine, summed = torch.ones(numel), torch.zeros(numel)
 
     def collective(j: int) -> None:
-        owner = j % ranks
-        if j % 3 < 2:  # a gather: the owner's slice into an empty buffer, broadcast
-            buf = torch.empty(numel)
-            if owner == rank:
-                buf.copy_(mine)
-            dist.broadcast(buf, src=owner)
-        else:  # a reduction into the owner's gradient slice
-            buf = torch.zeros(numel)
-            dist.reduce(buf, dst=owner)
-            if owner == rank:
-                summed.add_(buf)
+        # two gathers, then a reduction, owners rotating (worker/collective_cost.py)
+        run_collective("gather" if j % 3 < 2 else "reduce", j % ranks, rank, mine, summed)
 
     def segments() -> None:
         for j in range(collectives):

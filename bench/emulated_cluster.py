@@ -10,11 +10,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from orchestrator.runtime.local_nodes import (
-    FAST_HEALTH_CHECKS,
-    share_emulation_references,
-    stop_sharing_emulation_references,
-)
+from orchestrator.runtime.local_nodes import FAST_HEALTH_CHECKS
 from orchestrator.runtime.local_ray import child_pids, kill_started, private_ray_root
 
 
@@ -33,7 +29,6 @@ def emulated_cluster(groups: Sequence[tuple[str, float, int]]) -> Iterator[objec
     from orchestrator.spec.labels import DEVICE_TYPE_LABEL, EMULATED_SPEED_LABEL
 
     with private_ray_root() as root:
-        references_set = share_emulation_references(root)
         before = child_pids()
         try:
             cluster = Cluster(
@@ -51,11 +46,9 @@ def emulated_cluster(groups: Sequence[tuple[str, float, int]]) -> Iterator[objec
         except BaseException:
             ray.shutdown()
             kill_started(before)
-            stop_sharing_emulation_references(references_set)
             raise
         try:
             yield cluster
         finally:
             ray.shutdown()
             cluster.shutdown()
-            stop_sharing_emulation_references(references_set)

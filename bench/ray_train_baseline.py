@@ -55,8 +55,9 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any]:
     speed = parse_speed(ray.get_runtime_context().get_node_labels())
     # The workers running the same share of the same model on this host share its reference
     # CPU times (orchestrator/worker/emulation.py), as ours do on the same local cluster.
-    work = json.dumps(["ray-train", config["model_factory"], config["model_kwargs"], local],
-                      sort_keys=True)  # fmt: skip
+    work = json.dumps(
+        ["ray-train", config["model_factory"], config["model_kwargs"], local], sort_keys=True
+    )
     stretcher = Stretcher(
         config["fastest_speed"] / speed if speed else 1.0, SharedReferences.for_work(work)
     )

@@ -25,8 +25,6 @@ from orchestrator.runtime.local_nodes import (
     FAST_HEALTH_CHECKS,
     booting_at_low_priority,
     crash_node,
-    share_emulation_references,
-    stop_sharing_emulation_references,
 )
 from orchestrator.runtime.local_ray import (
     PrivateRayEnv,
@@ -89,7 +87,6 @@ class LocalCluster:
         # under it, and this cluster's own, so its address file never meets another cluster's.
         self.temp_dir = make_private_root(temp_root)
         self._env: PrivateRayEnv | None = None
-        self._references_set = False
         self.address = ""
 
     def start(self, kinds: Sequence[NodeKind]) -> None:
@@ -98,7 +95,6 @@ class LocalCluster:
         On any failure every process started here is killed (by pid) before the error goes on.
         """
         os.environ.update(FAST_HEALTH_CHECKS)  # node processes inherit it
-        self._references_set = share_emulation_references(self.temp_dir)
         self._env = PrivateRayEnv(self.temp_dir)
         before = child_pids()
         try:
@@ -107,7 +103,6 @@ class LocalCluster:
             self._cluster = None
             kill_started(before)
             self._env.restore()
-            stop_sharing_emulation_references(self._references_set)
             if isinstance(exc, Exception):  # Ctrl-C and exits go on as they are
                 raise ClusterStartError(_start_failure_text(exc)) from exc
             raise
@@ -182,5 +177,4 @@ class LocalCluster:
             self._cluster = None
         if self._env is not None:
             self._env.restore()
-            stop_sharing_emulation_references(self._references_set)
         shutil.rmtree(self.temp_dir, ignore_errors=True)

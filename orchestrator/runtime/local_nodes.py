@@ -31,8 +31,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.worker.emulation import SHARED_REFERENCES_ENV
-
 # Ray's defaults declare a crashed node dead after ~15 s; these after ~1.4 s (a raylet that
 # answers at all answers in milliseconds, even on a busy 2-core host).
 FAST_HEALTH_CHECKS: Mapping[str, str] = {
@@ -40,25 +38,6 @@ FAST_HEALTH_CHECKS: Mapping[str, str] = {
     "RAY_health_check_failure_threshold": "3",
     "RAY_health_check_timeout_ms": "500",
 }
-
-
-def share_emulation_references(root: str) -> bool:
-    """Let every emulated rank of a local cluster rooted at ``root`` share its device's
-    reference CPU times (``worker/emulation.SharedReferences``) through a folder there; node
-    processes inherit the setting. The nodes of a local cluster are one host, so the least CPU
-    time of a piece of work is the host's, learned by every rank that runs it. Leaves a folder
-    the caller already named alone. Returns whether it set one (for
-    :func:`stop_sharing_emulation_references`)."""
-    if os.environ.get(SHARED_REFERENCES_ENV):
-        return False
-    os.environ[SHARED_REFERENCES_ENV] = str(Path(root) / "emulation-references")
-    return True
-
-
-def stop_sharing_emulation_references(set_here: bool) -> None:
-    """Undo :func:`share_emulation_references` where it set the folder."""
-    if set_here:
-        os.environ.pop(SHARED_REFERENCES_ENV, None)
 
 
 # Set in a node's environment when its processes started at low priority to emulate a new machine

@@ -10,6 +10,11 @@ beside another Ray cluster it overwrites that cluster's address file, and a late
 :func:`private_ray_root` gives the local cluster its own root: a new short folder with its
 ``ray`` folder created, set as ``RAY_TMPDIR`` (and ``RAY_ADDRESS`` cleared) while the cluster
 lives, so its address file, sessions and sockets stay inside it, and restored afterwards.
+
+The root also holds the emulated devices' shared reference CPU times
+(``worker/emulation.SharedReferences``), unless the caller already named a folder for them: a
+local cluster's nodes are one host, so the least CPU time of a piece of work is the host's, and
+every rank that runs it learns it together. Where nothing is emulated nothing reads them.
 :func:`kill_started` stops, by process id, every process a failed start left behind.
 """
 
@@ -25,11 +30,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from orchestrator.runtime.local_nodes import descendants
+from orchestrator.worker.emulation import SHARED_REFERENCES_ENV
 
 # Ray's Unix socket paths (``<root>/session_<date>_<pid>/sockets/...``) must stay under ~107
 # bytes; a longer base than this is replaced by /tmp.
 MAX_BASE_CHARS = 40
-_ENV_KEYS = ("RAY_TMPDIR", "RAY_ADDRESS")
+_ENV_KEYS = ("RAY_TMPDIR", "RAY_ADDRESS", SHARED_REFERENCES_ENV)
 
 
 def short_temp_base() -> str:
@@ -48,7 +54,9 @@ def make_private_root(base: str | None = None) -> str:
 
 
 class PrivateRayEnv:
-    """Points Ray's default temp root at ``root`` until :meth:`restore` (idempotent)."""
+    """Points Ray's default temp root at ``root`` until :meth:`restore` (idempotent), and the
+    emulated devices' shared reference times at a folder there unless a caller named one (see
+    the module docstring); node processes inherit both."""
 
     def __init__(self, root: str) -> None:
         self.root = root
@@ -56,6 +64,8 @@ class PrivateRayEnv:
         os.environ["RAY_TMPDIR"] = root
         # An inherited address would make a plain ray.init() (ours or a library's) join it.
         os.environ.pop("RAY_ADDRESS", None)
+        if not os.environ.get(SHARED_REFERENCES_ENV):  # a benchmark's own folder is kept
+            os.environ[SHARED_REFERENCES_ENV] = os.path.join(root, "emulation-references")
 
     def restore(self) -> None:
         if self._saved is None:

@@ -68,26 +68,36 @@ def _time_patterns(
                     # Back to back, owners rotating, as the path issues them: each collective
                     # also waits for the ranks the previous one left behind.
                     for j in range(count):
-                        owner = j % ranks
-                        if op == "gather":
-                            buf = torch.empty(numel)
-                            if owner == rank:
-                                buf.copy_(mine[numel])
-                            dist.broadcast(buf, src=owner)
-                        elif op == "reduce":
-                            buf = torch.zeros(numel)
-                            dist.reduce(buf, dst=owner)
-                            if owner == rank:
-                                summed[numel] += buf
-                        else:  # a bucket: flattened gradients, summed, read back
-                            buf = torch.cat([mine[numel]])
-                            dist.all_reduce(buf)
-                            summed[numel].copy_(buf)
+                        run_collective(op, j % ranks, rank, mine[numel], summed[numel])
                     times[(op, numel)].append((time.perf_counter() - start) / count)
         if rank == 0:
             results.put({key: statistics.median(t[warmup:]) for key, t in times.items()})
     finally:
         dist.destroy_process_group()
+
+
+def run_collective(op: str, owner: int, rank: int, mine: Any, summed: Any) -> None:
+    """One collective of ``op`` (one of :data:`OPS`) as the runtime issues it, with its buffer
+    work: a gather of ``owner``'s slice ``mine`` (an empty buffer, the owner's copy into it, a
+    ``broadcast``), a reduction into the owner's ``summed`` (a zeroed buffer, ``reduce``, the
+    owner's add), or a bucket's all-reduce (flattened, summed, read back into ``summed``)."""
+    import torch
+    import torch.distributed as dist
+
+    if op == "gather":
+        buf = torch.empty_like(mine)
+        if owner == rank:
+            buf.copy_(mine)
+        dist.broadcast(buf, src=owner)
+    elif op == "reduce":
+        buf = torch.zeros_like(mine)
+        dist.reduce(buf, dst=owner)
+        if owner == rank:
+            summed += buf
+    else:
+        buf = torch.cat([mine])
+        dist.all_reduce(buf)
+        summed.copy_(buf)
 
 
 def fit_cost(points: Sequence[tuple[float, float]]) -> tuple[float, float]:

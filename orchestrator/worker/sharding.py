@@ -169,7 +169,7 @@ class ShardedState:
     def slice_numels(self) -> tuple[int, ...]:
         """The length of this rank's slice in each of its shard groups: what its optimizer
         steps (the update's work, for emulation's reference times)."""
-        return tuple(hi - lo for g in self.groups for lo, hi in [g.mine])
+        return tuple(g.mine[1] - g.mine[0] for g in self.groups)
 
     @property
     def layers(self) -> set[int]:

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -70,25 +69,3 @@ def test_a_process_started_normally_has_no_emulated_boot_to_end():
     out, _ = child.communicate(timeout=120)
     before, env, after, trained_at, _ = out.split()
     assert env == "None" and after == "None" and int(trained_at) == int(before)
-
-
-def test_a_local_cluster_shares_reference_times_unless_a_folder_is_named(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from orchestrator.runtime.local_nodes import (
-        share_emulation_references,
-        stop_sharing_emulation_references,
-    )
-    from orchestrator.worker.emulation import SHARED_REFERENCES_ENV
-
-    monkeypatch.delenv(SHARED_REFERENCES_ENV, raising=False)
-    set_here = share_emulation_references(str(tmp_path))
-    assert set_here and os.environ[SHARED_REFERENCES_ENV].startswith(str(tmp_path))
-    stop_sharing_emulation_references(set_here)
-    assert SHARED_REFERENCES_ENV not in os.environ
-    # a folder the caller named (a benchmark's, one per side) is left as it is
-    monkeypatch.setenv(SHARED_REFERENCES_ENV, "/elsewhere")
-    set_here = share_emulation_references(str(tmp_path))
-    assert not set_here and os.environ[SHARED_REFERENCES_ENV] == "/elsewhere"
-    stop_sharing_emulation_references(set_here)
-    assert os.environ[SHARED_REFERENCES_ENV] == "/elsewhere"
